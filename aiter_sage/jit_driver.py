@@ -1,0 +1,472 @@
+"""JIT driver: builds the modules of ``jit/modules.py`` with ninja and caches them per target.
+
+* The cache key covers the module's sources and every header they may include, the flags,
+  the compiler's identity and the target, so an edit or a compiler upgrade rebuilds.
+* A file lock serialises concurrent first calls from several processes (one builds, the
+  others wait and then load its result); the ``.so`` and its manifest are installed by
+  atomic rename, and a cached file whose hash does not match its manifest is rebuilt.
+* A missing compiler raises :class:`CompilerNotFound`, which says what to install.
+
+This module must not import torch at import time: ``setup.py`` uses it to prebuild.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("aiter_sage")
+if not logger.handlers:  # one line per first build, visible by default
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[aiter_sage] %(message)s"))
+    logger.addHandler(_handler)
+    logger.setLevel(os.environ.get("AITER_SAGE_LOG_LEVEL", "INFO").upper())
+    logger.propagate = False
+
+PKG_DIR = Path(__file__).resolve().parent
+HOST_TARGETS = ("cpu", "emu", "torch")
+
+
+class CompilerNotFound(RuntimeError):
+    """No compiler for a target; the message says what to install."""
+
+
+class BuildError(RuntimeError):
+    """A compile or link failed; the message carries the command and its output."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Where things live: an installed package carries csrc/ and jit/ inside it (setup.py copies
+# them); a source checkout (editable install, or PYTHONPATH) uses the repository's own.
+# ----------------------------------------------------------------------------------------------
+def _first_existing(*candidates: Path) -> Path:
+    for c in candidates:
+        if c.exists():
+            return c
+    raise FileNotFoundError(f"none of {', '.join(map(str, candidates))} exists")
+
+
+@functools.lru_cache(None)
+def csrc_dir() -> Path:
+    return _first_existing(PKG_DIR / "_csrc", PKG_DIR.parent / "csrc")
+
+
+@functools.lru_cache(None)
+def module_table():
+    path = _first_existing(PKG_DIR / "jit" / "modules.py", PKG_DIR.parent / "jit" / "modules.py")
+    spec = importlib.util.spec_from_file_location("aiter_sage_jit_modules", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def gpu_archs_cfg() -> Path:
+    return _first_existing(PKG_DIR / "GPU_ARCHS.cfg", PKG_DIR.parent / "GPU_ARCHS.cfg")
+
+
+def configured_archs() -> list[str]:
+    """GPU_ARCHS from the environment, else GPU_ARCHS.cfg."""
+    text = os.environ.get("GPU_ARCHS")
+    if text is None:
+        text = gpu_archs_cfg().read_text()
+    return module_table().parse_archs(text)
+
+
+@functools.lru_cache(None)
+def abi_version() -> int:
+    text = (csrc_dir() / "include" / "sage" / "params.h").read_text()
+    return int(re.search(r"#define SAGE_ABI_VERSION (\d+)", text).group(1))
+
+
+def cache_root() -> Path:
+    env = os.environ.get("AITER_SAGE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "aiter_sage"
+
+
+def prebuilt_root() -> Path:
+    return PKG_DIR / "_prebuilt"
+
+
+# ----------------------------------------------------------------------------------------------
+# Toolchains
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Toolchain:
+    kind: str  # "hip" | "emu" | "cpu" | "torch"
+    compiler: str  # absolute path
+    cflags: tuple[str, ...]
+    ldflags: tuple[str, ...]
+    hip_as_cxx: bool = False  # compile .hip sources as plain C++ (the emulator)
+
+    @functools.cached_property
+    def identity(self) -> str:
+        try:
+            out = subprocess.run([self.compiler, "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+        except (OSError, subprocess.SubprocessError) as e:  # pragma: no cover - broken compiler
+            raise CompilerNotFound(f"{self.compiler} does not run: {e}") from e
+        return f"{self.compiler}\n{out.strip()}"
+
+
+def _which(*names: str) -> str | None:
+    for n in names:
+        if not n:
+            continue
+        p = shutil.which(n) if os.sep not in n else (n if os.access(n, os.X_OK) else None)
+        if p:
+            return os.path.abspath(p)
+    return None
+
+
+def _rocm_path() -> str:
+    return os.environ.get("ROCM_PATH") or os.environ.get("HIP_PATH") or "/opt/rocm"
+
+
+def _include_flags() -> tuple[str, ...]:
+    return (f"-I{csrc_dir()}", f"-I{csrc_dir() / 'include'}")
+
+
+_INSTALL_HINT = {
+    "hip": "install ROCm (hipcc, https://rocm.docs.amd.com) or, on Debian/Ubuntu, "
+           "`apt-get install clang-19 lld-19 libamdhip64-dev`; or set HIPCC to a HIP compiler",
+    "emu": "install clang (`apt-get install clang-19`) or set AITER_SAGE_EMU_CXX to a clang++",
+    "cpu": "install a C++ compiler (`apt-get install g++`) or set CXX",
+    "torch": "install a C++ compiler (`apt-get install g++`) or set CXX",
+}
+
+
+def _missing(kind: str, target: str) -> CompilerNotFound:
+    return CompilerNotFound(f"aiter_sage: no compiler to build the {target!r} modules: "
+                            f"{_INSTALL_HINT[kind]}")
+
+
+def _hip_toolchain(arch: str) -> Toolchain:
+    hipcc = _which(os.environ.get("HIPCC", ""), os.path.join(_rocm_path(), "bin", "hipcc"), "hipcc")
+    common = ("-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}") + _include_flags()
+    if hipcc:  # ROCm: its own device libraries and runtime
+        return Toolchain("hip", hipcc, ("-x", "hip") + common, ("-shared", f"--offload-arch={arch}"))
+    clang = _which(os.environ.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20",
+                   "clang++-18")
+    if not clang or not _which("ld.lld-19", "ld.lld-20", "ld.lld-18", "ld.lld"):
+        raise _missing("hip", arch)
+    # Plain LLVM with Debian's HIP headers/runtime: no gfx12 device libraries exist there, so
+    # -nogpulib; the kernels use only builtins through csrc/include/sage/platform.h.
+    return Toolchain("hip", clang, ("-x", "hip", "-nogpulib") + common,
+                     ("-shared", "-lamdhip64"))
+
+
+def _emu_toolchain() -> Toolchain:
+    clang = _which(os.environ.get("AITER_SAGE_EMU_CXX", ""), "clang++-19", "clang++-20",
+                   "clang++-18", "clang++", os.path.join(_rocm_path(), "llvm", "bin", "clang++"))
+    if not clang:
+        raise _missing("emu", "emu")
+    flags = ("-std=c++20", "-O2", "-fPIC", "-DSAGE_EMU", "-pthread") + _include_flags()
+    ld = ("-shared", "-pthread")
+    if os.environ.get("AITER_SAGE_EMU_ASAN") == "1":
+        san = ("-fsanitize=address", "-fno-omit-frame-pointer")
+        flags, ld = flags + san, ld + san
+    return Toolchain("emu", clang, flags, ld, hip_as_cxx=True)
+
+
+def _host_cxx() -> str | None:
+    return _which(os.environ.get("CXX", ""), "c++", "g++", "clang++")
+
+
+def _cpu_toolchain() -> Toolchain:
+    cxx = _host_cxx()
+    if not cxx:
+        raise _missing("cpu", "cpu")
+    return Toolchain("cpu", cxx, ("-std=c++17", "-O3", "-fPIC", "-pthread") + _include_flags(),
+                     ("-shared", "-pthread"))
+
+
+def _torch_toolchain() -> Toolchain:
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+
+    cxx = _host_cxx()
+    if not cxx:
+        raise _missing("torch", "torch")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    inc = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    inc.append(f"-isystem{sysconfig.get_paths()['include']}")
+    libdirs = cpp_extension.library_paths()
+    cflags = ("-std=c++20", "-O2", "-fPIC", "-DTORCH_API_INCLUDE_EXTENSION_H",
+              "-DTORCH_EXTENSION_NAME=aiter_sage_torch", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+              "-fvisibility=hidden", *inc) + _include_flags()
+    libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
+    if torch.version.hip or torch.version.cuda:  # GPU torch: register the GPU kernels too
+        gpu = "hip" if torch.version.hip else "cuda"
+        cflags += ("-DSAGE_TORCH_GPU",
+                   *[f"-isystem{p}" for p in cpp_extension.include_paths(device_type=gpu)])
+        if torch.version.hip:
+            cflags += ("-DUSE_ROCM", "-D__HIP_PLATFORM_AMD__")
+        libs += [f"-lc10_{gpu}", f"-ltorch_{gpu}"]
+    ldflags = ("-shared", *[f"-L{d}" for d in libdirs], *[f"-Wl,-rpath,{d}" for d in libdirs],
+               *libs)
+    return Toolchain("torch", cxx, cflags, ldflags)
+
+
+def toolchain_for(target: str) -> Toolchain:
+    if target == "cpu":
+        return _cpu_toolchain()
+    if target == "emu":
+        return _emu_toolchain()
+    if target == "torch":
+        return _torch_toolchain()
+    if target.startswith("gfx"):
+        return _hip_toolchain(target)
+    raise ValueError(f"aiter_sage: unknown build target {target!r}")
+
+
+def _cache_target(target: str) -> str:
+    """Cache folder of a target: the emulator's ASan build must not share the plain one."""
+    if target == "emu" and os.environ.get("AITER_SAGE_EMU_ASAN") == "1":
+        return "emu-asan"
+    if target == "torch":
+        import torch
+
+        return f"torch-{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}"
+    return target
+
+
+# ----------------------------------------------------------------------------------------------
+# Cache keys
+# ----------------------------------------------------------------------------------------------
+def _src_root(spec) -> Path:
+    return Path(spec.root) if spec.root else csrc_dir()
+
+
+def _source_files(spec, kind: str) -> list[Path]:
+    """The module's sources plus every file it may include: csrc/include and its source dirs."""
+    files = {_src_root(spec) / s for s in spec.sources[kind]}
+    dirs = {csrc_dir() / "include"} | {f.parent for f in files}
+    for d in dirs:
+        files.update(p for p in d.rglob("*") if p.is_file() and p.suffix in
+                     (".h", ".hpp", ".hip", ".cpp", ".cu", ".cuh", ".inc"))
+    return sorted(files)
+
+
+def _kind_of(target: str) -> str:
+    return "hip" if target.startswith("gfx") else target
+
+
+def sources_digest(spec, kind: str) -> str:
+    h = hashlib.sha256()
+    for f in _source_files(spec, kind):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cache_key(spec, target: str, tc: Toolchain) -> str:
+    """Sources (with every header they may include) + ABI + flags + compiler + target."""
+    h = hashlib.sha256()
+    h.update(f"{spec.name}\0{target}\0{abi_version()}\0".encode())
+    h.update(sources_digest(spec, tc.kind).encode())
+    h.update("\0".join(tc.cflags + tc.ldflags).replace(str(csrc_dir()), "<csrc>").encode())
+    h.update(tc.identity.encode())
+    return h.hexdigest()
+
+
+def _sha256_file(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _is_valid(so: Path, manifest: Path, key: str) -> bool:
+    """Both files present, the manifest names this key, and the .so hashes as recorded."""
+    try:
+        meta = json.loads(manifest.read_text())
+        return meta.get("key") == key and so.is_file() and meta.get("sha256") == _sha256_file(so)
+    except (OSError, ValueError):
+        return False
+
+
+class _FileLock:
+    """Exclusive flock on a side file: concurrent builders in other processes wait here."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Building with ninja
+# ----------------------------------------------------------------------------------------------
+def _ninja() -> str:
+    exe = _which(os.environ.get("AITER_SAGE_NINJA", ""), "ninja")
+    if exe:
+        return exe
+    try:
+        import ninja  # the PyPI package ships the binary
+
+        return os.path.join(ninja.BIN_DIR, "ninja")
+    except ImportError:
+        raise CompilerNotFound("aiter_sage: ninja is needed to build modules: "
+                               "`pip install ninja` or `apt-get install ninja-build`") from None
+
+
+def _q(s) -> str:
+    """Quote for ninja ($ and spaces) and the shell."""
+    s = str(s).replace("$", "$$")
+    return "'" + s.replace("'", "'\\''") + "'" if re.search(r"[\s'\"]", s) else s
+
+
+def write_ninja(spec, tc: Toolchain, build_dir: Path, output: Path) -> Path:
+    root = _src_root(spec)
+    lines = [
+        "ninja_required_version = 1.3",
+        f"cxx = {_q(tc.compiler)}",
+        f"cflags = {' '.join(_q(f) for f in tc.cflags)}",
+        f"ldflags = {' '.join(_q(f) for f in tc.ldflags)}",
+        "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
+        "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",
+    ]
+    objs = []
+    for i, src in enumerate(spec.sources[tc.kind]):
+        obj = build_dir / f"{i}_{Path(src).stem}.o"
+        lang = "-x c++" if (tc.hip_as_cxx and src.endswith(".hip")) else ""
+        lines.append(f"build {_q(obj)}: cxx {_q(root / src)}\n  lang = {lang}")
+        objs.append(_q(obj))
+    lines.append(f"build {_q(output)}: link {' '.join(objs)}")
+    path = build_dir / "build.ninja"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run_ninja(build_dir: Path, spec, target: str) -> None:
+    jobs = os.environ.get("MAX_JOBS") or str(max(1, os.cpu_count() or 1))
+    proc = subprocess.run([_ninja(), "-C", str(build_dir), "-j", jobs], capture_output=True,
+                          text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"aiter_sage: building {spec.name} for {target} failed:\n"
+                         f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+
+
+def _spec(module):
+    """A ModuleSpec, given one or the name of one in jit/modules.py."""
+    return module_table().MODULES[module] if isinstance(module, str) else module
+
+
+def build_into(module, target: str, out_dir: Path, key: str | None = None) -> Path:
+    """Build one module for one target into out_dir (locked, atomic); returns the .so path."""
+    spec = _spec(module)
+    name = spec.name
+    tc = toolchain_for(target)
+    if tc.kind not in spec.sources:
+        raise ValueError(f"aiter_sage: {name} has no sources for target {target!r}")
+    key = key or cache_key(spec, target, tc)
+    stem = f"{name}-{key[:16]}"
+    so, manifest = out_dir / f"{stem}.so", out_dir / f"{stem}.json"
+    if _is_valid(so, manifest, key):
+        return so
+    with _FileLock(out_dir / f"{stem}.lock"):
+        if _is_valid(so, manifest, key):  # another process built it while we waited
+            return so
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=f".build-{stem}-", dir=out_dir) as tmp:
+            tmp_so = Path(tmp) / f"{stem}.so"
+            write_ninja(spec, tc, Path(tmp), tmp_so)
+            _run_ninja(Path(tmp), spec, target)
+            meta = dict(key=key, sha256=_sha256_file(tmp_so), module=name, target=target,
+                        sources=sources_digest(spec, tc.kind),
+                        compiler=tc.identity.splitlines()[0], built=time.time())
+            tmp_manifest = Path(tmp) / f"{stem}.json"
+            tmp_manifest.write_text(json.dumps(meta, indent=1))
+            os.replace(tmp_so, so)  # .so first: a manifest never names a missing file
+            os.replace(tmp_manifest, manifest)
+        logger.info("built %s for %s in %.1f s", name, target, time.perf_counter() - t0)
+    return so
+
+
+def _prebuilt(spec, target: str) -> Path | None:
+    """A module prebuilt at install time whose sources match these (no compiler needed)."""
+    d = prebuilt_root() / target
+    if not d.is_dir():
+        return None
+    digest = sources_digest(spec, _kind_of(target))
+    for manifest in sorted(d.glob(f"{spec.name}-*.json")):
+        try:
+            meta = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        so = manifest.with_suffix(".so")
+        if meta.get("sources") == digest and so.is_file() and meta.get("sha256") == _sha256_file(so):
+            return so
+    return None
+
+
+def _check_loadable(so: Path, entry: str) -> str | None:
+    """None if the file is a shared object exporting the C ABI; else what is wrong.
+
+    Read, not dlopen'ed: a process that already loaded this path would get the old mapping
+    back from the loader and never notice a damaged file on disk.
+    """
+    try:
+        data = so.read_bytes()
+    except OSError as e:
+        return f"cannot read: {e}"
+    if data[:4] != b"\x7fELF":
+        return "not an ELF shared object"
+    for sym in ("sage_abi_version", entry) if entry else ():
+        if sym.encode() + b"\0" not in data:
+            return f"does not export {sym}"
+    return None
+
+
+def ensure_module(module, target: str) -> Path:
+    """Path of a loadable build of `module` (a name or ModuleSpec) for `target`, built if needed."""
+    spec = _spec(module)
+    if os.environ.get("AITER_SAGE_IGNORE_PREBUILT") != "1":
+        pre = _prebuilt(spec, target)
+        if pre is not None and _check_loadable(pre, spec.entry) is None:
+            return pre
+    tc = toolchain_for(target)
+    key = cache_key(spec, target, tc)
+    out_dir = cache_root() / _cache_target(target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    so = build_into(spec, target, out_dir, key)
+    problem = _check_loadable(so, spec.entry)
+    if problem:  # corrupt or foreign file that still hashed right: rebuild once
+        logger.warning("cached %s is unusable (%s); rebuilding", so.name, problem)
+        so.with_suffix(".json").unlink(missing_ok=True)
+        so = build_into(spec, target, out_dir, key)
+        problem = _check_loadable(so, spec.entry)
+        if problem:
+            raise BuildError(f"aiter_sage: freshly built {so} is unusable: {problem}")
+    return so
+
+
+def prebuild(archs, out_root: Path) -> list[Path]:
+    """setup.py's PREBUILD_KERNELS step: build kernel modules for the archs they serve."""
+    built = []
+    for name, arch in module_table().modules_for_archs(archs):
+        built.append(build_into(name, arch, out_root / arch))
+    return built

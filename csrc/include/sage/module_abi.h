@@ -1,0 +1,39 @@
+// aiter_sage: the C ABI every kernel module exports. Include from exactly one translation unit
+// of a module and invoke SAGE_DEFINE_MODULE_ABI(...) once; launch functions report failures
+// through sage::set_error() and return non-zero.
+//
+// Exported symbols (resolved by the torch binding with dlsym):
+//   int         sage_abi_version(void);          == SAGE_ABI_VERSION of the build
+//   const char* sage_module_info(void);           "<module> target=<target>"
+//   const char* sage_module_last_error(void);     message of this thread's last failure
+//   int         sage_prepare_launch(const SageParams*, void* stream);    prepare modules
+//   int         sage_attention_launch(const SageParams*, void* stream);  attention modules
+#pragma once
+#include <stdio.h>
+#include "sage/params.h"
+
+namespace sage {
+inline char* last_error_buffer() {
+  static thread_local char buf[1024] = {0};
+  return buf;
+}
+// printf-style; returns 1 so callers can `return sage::set_error(...)`.
+template <class... Args>
+inline int set_error(const char* fmt, Args... args) {
+  snprintf(last_error_buffer(), 1024, fmt, args...);
+  return 1;
+}
+inline int set_error(const char* msg) {
+  snprintf(last_error_buffer(), 1024, "%s", msg);
+  return 1;
+}
+}  // namespace sage
+
+#define SAGE_EXPORT extern "C" __attribute__((visibility("default")))
+
+#define SAGE_DEFINE_MODULE_ABI(info)                                            \
+  SAGE_EXPORT int sage_abi_version(void) { return SAGE_ABI_VERSION; }           \
+  SAGE_EXPORT const char* sage_module_info(void) { return info; }               \
+  SAGE_EXPORT const char* sage_module_last_error(void) {                        \
+    return sage::last_error_buffer();                                           \
+  }

@@ -1,0 +1,140 @@
+// aiter_sage platform shim: the only place where kernel code meets a platform.
+//
+//   SAGE_EMU  : the gfx12 wave emulator (csrc/emu) runs the csrc/gfx12 sources on the CPU.
+//   __HIP__   : real HIP (ROCm hipcc, or clang++ --offload-arch with -nogpulib).
+//   __CUDACC__: NVIDIA port.
+//   otherwise : plain host C++ (cpu backend, host tests).
+//
+// Kernel sources (csrc/gfx12) use only what is listed under "kernel API" below, never a
+// builtin or threadIdx directly: the emulator implements exactly this list, so an
+// unmodelled builtin is a compile error under emulation rather than a silent fallback.
+// (Debian's HIP headers implement threadIdx through ockl, which has no gfx12 build; the
+// workitem builtins keep -nogpulib builds link-clean.)
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#if defined(SAGE_EMU)
+#define SAGE_HD inline
+#elif defined(__HIP__) || defined(__CUDACC__)
+#define SAGE_HD __host__ __device__ inline
+#else
+#define SAGE_HD inline
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Kernel API (HIP and EMU):
+//   types      v2i32 (8-bit WMMA operand: 8 bytes), v8i32 / v8f32 (WMMA accumulators),
+//              u32x4 (128-bit memory transfers)
+//   kernels    SAGE_KERNEL(name, max_threads)  declares a kernel `extern "C"`
+//              SAGE_DEVICE                      a device function
+//              sage_launch(kernel, grid(dim3-like x,y,z), threads, stream, args...)  (host)
+//   ids        sage_thread_id(), sage_block_id_x/y/z(), sage_lane_id(), sage_wave_id()
+//   sync       sage_barrier()                                  workgroup barrier
+//   LDS        SAGE_LDS(type, name, count)  declares workgroup memory inside a kernel;
+//              sage_lds_load<T>(name, byte_offset) / sage_lds_store<T>(name, byte_offset, v)
+//   global     sage_gload<T>(ptr, byte_offset) / sage_gstore<T>(ptr, byte_offset, v)
+//   cross-lane sage_shfl_xor(float|int, lane_mask)  (within the 32-lane wave)
+//              sage_readlane(int|float, lane)
+//   WMMA       sage_wmma_i32_iu8(a, b, c)     signed x signed, no clamp   (v2i32,v2i32,v8i32)
+//              sage_wmma_i32_iu8_ex<sgn_a, sgn_b, clamp>(a, b, c)
+//              sage_wmma_f32_fp8(a, b, c)     e4m3 x e4m3 -> f32          (v2i32,v2i32,v8f32)
+//   convert    sage_cvt_pk_fp8(x, y, old, hi) two f32 -> two e4m3 bytes in the low (hi=false)
+//                                             or high (hi=true) half of `old` (RNE, no clamp)
+//   math       sage_exp2f(x) (hardware v_exp_f32), sage_sqrtf, sage_rintf, sage_fmaxf,
+//              sage_fminf, sage_fabsf, sage_rcpf (1/x, correctly rounded)
+// ---------------------------------------------------------------------------------------
+
+#if defined(SAGE_EMU)
+#include "emu/sage_emu.h"  // implements the kernel API on the CPU
+
+#elif defined(__HIP__)
+#include <hip/hip_runtime.h>
+
+typedef int v2i32 __attribute__((ext_vector_type(2)));
+typedef int v8i32 __attribute__((ext_vector_type(8)));
+typedef float v8f32 __attribute__((ext_vector_type(8)));
+typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));
+
+#define SAGE_DEVICE __device__ __forceinline__
+#define SAGE_KERNEL(name, max_threads) \
+  extern "C" __global__ void __launch_bounds__(max_threads) name
+
+SAGE_DEVICE int sage_thread_id() { return __builtin_amdgcn_workitem_id_x(); }
+SAGE_DEVICE int sage_block_id_x() { return __builtin_amdgcn_workgroup_id_x(); }
+SAGE_DEVICE int sage_block_id_y() { return __builtin_amdgcn_workgroup_id_y(); }
+SAGE_DEVICE int sage_block_id_z() { return __builtin_amdgcn_workgroup_id_z(); }
+SAGE_DEVICE int sage_lane_id() { return sage_thread_id() & 31; }
+SAGE_DEVICE int sage_wave_id() { return sage_thread_id() >> 5; }
+// Not __syncthreads(): Debian's HIP 5.2 headers implement it as a call to the device
+// library's __atomic_work_item_fence, which a -nogpulib build cannot link, and a real call in
+// a kernel forces every live VGPR across it to scratch. Same semantics: LDS release, barrier,
+// acquire at workgroup scope.
+SAGE_DEVICE void sage_barrier() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
+
+#define SAGE_LDS(type, name, count) __shared__ type name[count]
+template <class T, class L>
+SAGE_DEVICE T sage_lds_load(const L* lds, int byte_offset) {
+  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(lds) + byte_offset);
+}
+template <class T, class L>
+SAGE_DEVICE void sage_lds_store(L* lds, int byte_offset, T v) {
+  *reinterpret_cast<T*>(reinterpret_cast<char*>(lds) + byte_offset) = v;
+}
+template <class T>
+SAGE_DEVICE T sage_gload(const void* p, int64_t byte_offset) {
+  return *reinterpret_cast<const T*>(static_cast<const char*>(p) + byte_offset);
+}
+template <class T>
+SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
+  *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
+}
+
+// ds_bpermute addresses lanes in bytes.
+SAGE_DEVICE int sage_shfl_xor(int v, int mask) {
+  int src = (sage_lane_id() ^ mask) << 2;
+  return __builtin_amdgcn_ds_bpermute(src, v);
+}
+SAGE_DEVICE float sage_shfl_xor(float v, int mask) {
+  return __builtin_bit_cast(float, sage_shfl_xor(__builtin_bit_cast(int, v), mask));
+}
+SAGE_DEVICE int sage_readlane(int v, int lane) { return __builtin_amdgcn_readlane(v, lane); }
+SAGE_DEVICE float sage_readlane(float v, int lane) {
+  return __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, v), lane));
+}
+
+template <bool kSignedA, bool kSignedB, bool kClamp>
+SAGE_DEVICE v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c) {
+  return __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32_gfx12(kSignedA, a, kSignedB, b, c, kClamp);
+}
+SAGE_DEVICE v8i32 sage_wmma_i32_iu8(v2i32 a, v2i32 b, v8i32 c) {
+  return sage_wmma_i32_iu8_ex<true, true, false>(a, b, c);
+}
+SAGE_DEVICE v8f32 sage_wmma_f32_fp8(v2i32 a, v2i32 b, v8f32 c) {
+  return __builtin_amdgcn_wmma_f32_16x16x16_fp8_fp8_w32_gfx12(a, b, c);
+}
+SAGE_DEVICE int sage_cvt_pk_fp8(float x, float y, int old, bool hi) {
+  return hi ? __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, true)
+            : __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, false);
+}
+SAGE_DEVICE float sage_exp2f(float x) { return __builtin_amdgcn_exp2f(x); }
+SAGE_DEVICE float sage_sqrtf(float x) { return __builtin_sqrtf(x); }
+SAGE_DEVICE float sage_rintf(float x) { return __builtin_rintf(x); }
+SAGE_DEVICE float sage_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+SAGE_DEVICE float sage_fminf(float a, float b) { return __builtin_fminf(a, b); }
+SAGE_DEVICE float sage_fabsf(float x) { return __builtin_fabsf(x); }
+SAGE_DEVICE float sage_rcpf(float x) { return 1.0f / x; }
+
+struct sage_dim3 { unsigned x, y, z; };
+template <class... KArgs, class... Args>
+inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads, void* stream,
+                       Args... args) {
+  hipLaunchKernelGGL(kernel, dim3(grid.x, grid.y, grid.z), dim3(threads), 0,
+                     static_cast<hipStream_t>(stream), args...);
+  return static_cast<int>(hipGetLastError());
+}
+#endif

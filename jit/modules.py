@@ -1,0 +1,77 @@
+"""The module table: every shared object aiter_sage builds, its sources and the archs it serves.
+
+Plain data (no eval'd strings). Source paths are relative to ``csrc/``. A module is built per
+*target*: a GPU arch (``gfx1201``, ``gfx1200``: toolchain "hip"), ``emu`` (the gfx12 sources on
+the CPU wave emulator), ``cpu`` (the host implementation) or ``torch`` (the binding, built once
+per torch version). ``setup.py`` with PREBUILD_KERNELS=1 builds a module for the archs in
+GPU_ARCHS that it lists; a module whose archs miss GPU_ARCHS is left to the JIT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GFX12_ARCHS = ("gfx1201", "gfx1200")
+
+# Sources of the gfx12 wave emulator runtime, linked into every "emu" build.
+EMU_RUNTIME = ("emu/runtime.cpp",)
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    name: str
+    archs: tuple[str, ...]  # GPU archs served; empty: host-only module
+    sources: dict[str, tuple[str, ...]]  # toolchain ("hip", "emu", "cpu", "torch") -> sources
+    entry: str = ""  # launch symbol of the C ABI (csrc/include/sage/module_abi.h)
+    root: str = ""  # folder the sources are relative to; "" = the package's csrc/
+
+
+MODULES: dict[str, ModuleSpec] = {
+    spec.name: spec
+    for spec in (
+        ModuleSpec(
+            name="module_gfx1201_sage_prepare",
+            archs=GFX12_ARCHS,
+            sources={
+                "hip": ("gfx12/prepare.hip",),
+                "emu": ("gfx12/prepare.hip",) + EMU_RUNTIME,
+                "cpu": ("cpu/prepare.cpp",),
+            },
+            entry="sage_prepare_launch",
+        ),
+        ModuleSpec(
+            name="module_gfx1201_sage_attention",
+            archs=GFX12_ARCHS,
+            sources={
+                "hip": ("gfx12/attention.hip",),
+                "emu": ("gfx12/attention.hip",) + EMU_RUNTIME,
+                "cpu": ("cpu/attention.cpp",),
+            },
+            entry="sage_attention_launch",
+        ),
+        ModuleSpec(
+            name="aiter_sage_torch",
+            archs=(),
+            sources={"torch": ("binding/sage_torch.cpp",)},
+        ),
+    )
+}
+
+# The ops' kernel modules (what a user call needs), in build order.
+KERNEL_MODULES = ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
+
+
+def parse_archs(text: str) -> list[str]:
+    """GPU_ARCHS syntax: names separated by ';', ',' or whitespace; '#' starts a comment."""
+    names = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0]
+        for tok in line.replace(";", " ").replace(",", " ").split():
+            names.append(tok.split(":", 1)[0])  # "gfx1201:xnack-" -> "gfx1201"
+    return names
+
+
+def modules_for_archs(archs) -> list[tuple[str, str]]:
+    """(module, arch) pairs to prebuild for GPU_ARCHS; modules serving none of them are left out."""
+    wanted = list(dict.fromkeys(archs))
+    return [(m, a) for m in KERNEL_MODULES for a in wanted if a in MODULES[m].archs]

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Benchmark gfx1201_sage_attention against torch SDPA (BF16), side by side in one run.
+
+Providers
+  sage       prepare + attention (what a model calls)
+  sage_core  the attention kernel alone on prepared tensors
+  sdpa_bf16  torch.nn.functional.scaled_dot_product_attention on BF16 [B, H, S, D]
+
+Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters` timed calls
+in turn (interleaved, so drift hits all alike); the median per-call time over rounds is
+reported. TFLOPS = 4 * B * H * S^2 * D / t. With --compare_to_ref each provider's output is
+also scored against the FP32 reference: cosine, relative L2, and % of elements outside the
+band (atol 0.3, rtol 0.25).
+
+The backend is the best present (an RDNA4 GPU, else the CPU); --backend picks one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import aiter_sage  # noqa: E402
+from aiter_sage import ref  # noqa: E402
+
+HEAD_DIM = 128
+PROVIDERS = ("sage", "sage_core", "sdpa_bf16")
+
+# Default shapes per backend, sized so a run takes about a minute there.
+DEFAULT_SHAPES = {
+    "gfx12": dict(batch=1, heads=24, seqs=[1024, 4096, 8192, 16384]),
+    "cpu": dict(batch=1, heads=8, seqs=[1024, 2048, 4096]),
+    "emu": dict(batch=1, heads=2, seqs=[256, 512]),
+}
+
+
+def best_backend() -> str:
+    present = aiter_sage.available_backends()
+    return "gfx12" if "gfx12" in present else "cpu"
+
+
+def synchronize(device: str) -> None:
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def make_inputs(b, h, s, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn((b, s, h, HEAD_DIM), generator=g).to(torch.bfloat16).to(device)
+               for _ in range(3))
+    return q, k, v
+
+
+def provider_calls(q, k, v, scale, backend):
+    """name -> zero-argument callable returning the output in [B, S, H, D]."""
+    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
+    qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return {
+        "sage": lambda: aiter_sage.gfx1201_sage_attention(q, k, v, scale, backend=backend),
+        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(prepared, backend=backend),
+        "sdpa_bf16": lambda: sdpa(qh, kh, vh, scale=scale).transpose(1, 2),
+    }
+
+
+def time_interleaved(calls, device, warmup, iters, rounds):
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    synchronize(device)
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            synchronize(device)
+            samples[name].append((time.perf_counter() - t0) / iters)
+    return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
+def run(args):
+    backend = args.backend or best_backend()
+    device = "cuda" if backend == "gfx12" else "cpu"
+    defaults = DEFAULT_SHAPES[backend]
+    batch = args.batch or defaults["batch"]
+    heads = args.heads or defaults["heads"]
+    seqs = args.seqs or defaults["seqs"]
+    providers = args.providers or list(PROVIDERS)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"# aiter_sage benchmark: backend={backend} device={device} "
+          f"threads={torch.get_num_threads()} torch={torch.__version__}")
+    rows = []
+    for s in seqs:
+        q, k, v = make_inputs(batch, heads, s, device)
+        scale = HEAD_DIM ** -0.5
+        calls = {n: f for n, f in provider_calls(q, k, v, scale, backend).items() if n in providers}
+        times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
+        flops = 4.0 * batch * heads * s * s * HEAD_DIM
+        reference = ref.attention_fp32(q, k, v, scale) if args.compare_to_ref else None
+        for name in calls:
+            row = dict(backend=backend, B=batch, H=heads, S=s, D=HEAD_DIM, provider=name,
+                       ms=times[name] * 1e3, tflops=flops / times[name] / 1e12)
+            if "sdpa_bf16" in times:
+                row["speedup_vs_sdpa"] = times["sdpa_bf16"] / times[name]
+            if reference is not None:
+                acc = ref.accuracy(calls[name](), reference)
+                row.update(cosine=acc["cosine"], rel_l2=acc["rel_l2"],
+                           outside_pct=100 * acc["outside"],
+                           in_band=ref.in_band(acc))
+            rows.append(row)
+    return rows
+
+
+def fmt(v):
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def print_markdown(rows):
+    cols = list(dict.fromkeys(c for r in rows for c in r))
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("-b", "--batch", type=int, help="batch size")
+    p.add_argument("-n", "--heads", type=int, help="number of heads")
+    p.add_argument("-s", "--seqs", type=int, nargs="+", help="sequence lengths")
+    p.add_argument("--providers", nargs="+", choices=PROVIDERS)
+    p.add_argument("--backend", choices=aiter_sage.BACKENDS, help="default: best present")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--compare_to_ref", action="store_true",
+                   help="score outputs against the FP32 reference")
+    p.add_argument("-o", "--output", help="also write the rows as CSV")
+    args = p.parse_args(argv)
+    rows = run(args)
+    print_markdown(rows)
+    if args.output:
+        with open(args.output, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
+            w.writeheader()
+            w.writerows(rows)
+    if args.compare_to_ref and not all(r["in_band"] for r in rows if r["provider"] != "sdpa_bf16"):
+        print("# FAIL: an aiter_sage output is outside the accuracy band", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The JIT driver: cache hits and misses, rebuilds, locking, corruption, compilers, prebuild."""
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from common import REPO, run_as_script
+
+from aiter_sage import jit_driver
+
+MODULES = jit_driver.module_table()
+
+PROBE = """
+#include "sage/module_abi.h"
+#include "probe.h"
+SAGE_DEFINE_MODULE_ABI("probe_module target=cpu")
+SAGE_EXPORT int sage_probe_launch(const SageParams*, void*) { return PROBE_VALUE; }
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("AITER_SAGE_CACHE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts real compiler runs."""
+    count = []
+    real = jit_driver._run_ninja
+
+    def counting(*a, **kw):
+        count.append(a)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(jit_driver, "_run_ninja", counting)
+    return count
+
+
+def make_probe(root: Path, value: int):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "probe.cpp").write_text(PROBE)
+    (root / "probe.h").write_text(f"#define PROBE_VALUE {value}\n")
+    return MODULES.ModuleSpec(name="probe_module", archs=(), sources={"cpu": ("probe.cpp",)},
+                              entry="sage_probe_launch", root=str(root))
+
+
+def call_probe(so: Path) -> int:
+    return ctypes.CDLL(str(so)).sage_probe_launch(None, None)
+
+
+def test_cache_miss_then_hit(tmp_path, cache, builds):
+    spec = make_probe(tmp_path / "src", 7)
+    first = jit_driver.ensure_module(spec, "cpu")
+    assert len(builds) == 1 and call_probe(first) == 7
+    assert first.parent == cache / "cpu"
+    second = jit_driver.ensure_module(spec, "cpu")
+    assert second == first and len(builds) == 1
+
+
+def test_source_or_header_edit_rebuilds(tmp_path, cache, builds):
+    spec = make_probe(tmp_path / "src", 7)
+    a = jit_driver.ensure_module(spec, "cpu")
+    (tmp_path / "src" / "probe.h").write_text("#define PROBE_VALUE 8\n")  # an included header
+    b = jit_driver.ensure_module(spec, "cpu")
+    assert a != b and len(builds) == 2 and call_probe(b) == 8
+    (tmp_path / "src" / "probe.cpp").write_text(PROBE + "\n// edited\n")
+    c = jit_driver.ensure_module(spec, "cpu")
+    assert c not in (a, b) and len(builds) == 3
+
+
+def test_compiler_change_rebuilds(tmp_path, cache, builds, monkeypatch):
+    compilers = [c for c in ("g++", "clang++-19", "clang++") if shutil.which(c)]
+    if len(compilers) < 2:
+        pytest.skip("needs two host compilers")
+    spec = make_probe(tmp_path / "src", 7)
+    monkeypatch.setenv("CXX", compilers[0])
+    a = jit_driver.ensure_module(spec, "cpu")
+    monkeypatch.setenv("CXX", compilers[1])
+    b = jit_driver.ensure_module(spec, "cpu")
+    assert a != b and len(builds) == 2
+
+
+def test_first_build_logs_one_line(tmp_path, cache):
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    jit_driver.logger.addHandler(handler)
+    try:
+        spec = make_probe(tmp_path / "src", 3)
+        jit_driver.ensure_module(spec, "cpu")
+        jit_driver.ensure_module(spec, "cpu")
+    finally:
+        jit_driver.logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("built probe_module for cpu in ") and lines[0].endswith(" s")
+
+
+def test_concurrent_processes_build_once(tmp_path, cache):
+    """Several processes asking at once: one compiles, the others wait and load its file."""
+    src = tmp_path / "src"
+    make_probe(src, 5)
+    script = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(REPO)!r})
+        from aiter_sage import jit_driver
+        m = jit_driver.module_table()
+        spec = m.ModuleSpec(name="probe_module", archs=(), sources={{"cpu": ("probe.cpp",)}},
+                            entry="sage_probe_launch", root={str(src)!r})
+        print(jit_driver.ensure_module(spec, "cpu"))
+    """)
+    env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    paths = {o.strip() for o, _ in outs}
+    built = sum(e.count("built probe_module") for _, e in outs)
+    assert len(paths) == 1 and built == 1, outs
+    assert call_probe(Path(paths.pop())) == 5
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "manifest", "unloadable"])
+def test_corrupt_cached_file_is_rebuilt(tmp_path, cache, builds, damage):
+    spec = make_probe(tmp_path / "src", 9)
+    so = jit_driver.ensure_module(spec, "cpu")
+    manifest = so.with_suffix(".json")
+
+    def overwrite(path, data: bytes):  # a new file: this process has the old one mapped
+        tmp = path.with_suffix(".damaged")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    if damage == "garbage":
+        overwrite(so, b"\x7fELF not really")
+    elif damage == "truncated":
+        overwrite(so, so.read_bytes()[:1000])
+    elif damage == "manifest":
+        overwrite(manifest, b"{ broken")
+    else:  # hashes as recorded, but is not a loadable module
+        overwrite(so, b"junk")
+        meta = json.loads(manifest.read_text())
+        meta["sha256"] = jit_driver._sha256_file(so)
+        manifest.write_text(json.dumps(meta))
+    again = jit_driver.ensure_module(spec, "cpu")
+    assert again == so and len(builds) == 2 and call_probe(again) == 9
+
+
+def test_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    for var in ("CXX", "HIPCC", "AITER_SAGE_EMU_CXX", "AITER_SAGE_HIP_CLANG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
+    with pytest.raises(jit_driver.CompilerNotFound, match="apt-get install g\\+\\+"):
+        jit_driver.toolchain_for("cpu")
+    with pytest.raises(jit_driver.CompilerNotFound, match="ROCm.*clang-19 lld-19 libamdhip64-dev"):
+        jit_driver.toolchain_for("gfx1201")
+    with pytest.raises(jit_driver.CompilerNotFound, match="clang"):
+        jit_driver.toolchain_for("emu")
+
+
+def test_prebuild_arch_filter():
+    pairs = MODULES.modules_for_archs
+    kernels = set(MODULES.KERNEL_MODULES)
+    assert {m for m, _ in pairs(["gfx1201"])} == kernels
+    assert {a for _, a in pairs(["gfx1201"])} == {"gfx1201"}
+    assert {a for _, a in pairs(["gfx1100", "gfx1200"])} == {"gfx1200"}
+    assert len(pairs(["gfx1200", "gfx1201"])) == 2 * len(kernels)
+    assert pairs(["gfx942", "gfx90a", "gfx1100"]) == []
+    assert MODULES.parse_archs("gfx1201:xnack-;gfx942, gfx1200  # comment\n# x\n") == \
+        ["gfx1201", "gfx942", "gfx1200"]
+
+
+def test_gpu_archs_env_overrides_cfg(monkeypatch):
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+    from_cfg = jit_driver.configured_archs()
+    assert "gfx1201" in from_cfg
+    monkeypatch.setenv("GPU_ARCHS", "gfx942")
+    assert jit_driver.configured_archs() == ["gfx942"]
+
+
+if __name__ == "__main__":
+    run_as_script(__file__)
