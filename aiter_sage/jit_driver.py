@@ -177,8 +177,9 @@ def _emu_toolchain() -> Toolchain:
                    "clang++-18", "clang++", os.path.join(_rocm_path(), "llvm", "bin", "clang++"))
     if not clang:
         raise _missing("emu", "emu")
-    flags = ("-std=c++20", "-O2", "-fPIC", "-DSAGE_EMU", "-pthread") + _include_flags()
-    ld = ("-shared", "-pthread")
+    flags = ("-std=c++20", "-O2", "-fPIC", "-DSAGE_EMU", "-pthread", "-fvisibility=hidden",
+             "-Wno-psabi") + _include_flags()
+    ld = ("-shared", "-pthread", "-ldl")
     if os.environ.get("AITER_SAGE_EMU_ASAN") == "1":
         san = ("-fsanitize=address", "-fno-omit-frame-pointer")
         flags, ld = flags + san, ld + san

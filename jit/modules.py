@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 GFX12_ARCHS = ("gfx1201", "gfx1200")
 
 # Sources of the gfx12 wave emulator runtime, linked into every "emu" build.
-EMU_RUNTIME = ("emu/runtime.cpp",)
+EMU_RUNTIME = ("emu/runtime.cpp", "emu/fiber.cpp", "emu/models.cpp")
 
 
 @dataclass(frozen=True)

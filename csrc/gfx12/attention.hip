@@ -1,0 +1,364 @@
+// module_gfx1201_sage_attention: non-causal SageAttention forward on prepared tensors.
+//
+//   Sᵀ = K8·Q8ᵀ      v_wmma_i32_16x16x16_iu8      (lane = one query, 8 consecutive keys)
+//   online softmax   exp2 domain, FP32, row max across the two half-waves with one shfl_xor 16
+//   Oᵀ += V8ᵀ·P8ᵀ    v_wmma_f32_16x16x16_fp8_fp8  (P converted to e4m3 in registers: the Sᵀ
+//                    accumulator layout is the B-operand layout, so P never leaves the VGPRs)
+//   O = acc / l · v_scale → BF16
+//
+// Work split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
+// of its 4 waves owns 32 queries. K and V tiles of 32 keys are staged in LDS, shared by the 4
+// waves, double-buffered, with one barrier per tile. Lane layouts live in
+// sage/gfx12_fragments.h; csrc/gfx12/README.md explains the budget.
+#include "sage/gfx12_fragments.h"
+#include "sage/layout.h"
+#include "sage/module_abi.h"
+#include "sage/params.h"
+#include "sage/platform.h"
+#include "sage/quant.h"
+
+namespace sage {
+namespace gfx12 {
+
+struct AttnTraits {
+  static constexpr int kWaves = 4;
+  static constexpr int kThreads = kWaves * kWaveSize;
+  // 32 queries per wave = two 16-query WMMA column blocks. Each K/V fragment read from LDS then
+  // feeds two WMMAs: 16 queries per wave would need 128 B/clk of LDS per WGP at the WMMA peak
+  // (the whole LDS bandwidth); 32 needs half. 64 would not fit: the FP32 accumulator alone is
+  // 128 VGPRs at 32 queries.
+  static constexpr int kQueriesPerWave = 32;
+  static constexpr int kQBlocks = kQueriesPerWave / kWmmaDim;    // 2
+  static constexpr int kQueriesPerGroup = kWaves * kQueriesPerWave;  // 128
+  // 32 keys per tile: the Sᵀ tile is 32 VGPRs and the per-thread staging of the next tile 16
+  // VGPRs, which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile would need
+  // ~50 more). One tile = one K scale block, and one wave = one Q scale block, so the score
+  // scale q_scale·k_scale is a single wave-uniform float per tile.
+  static constexpr int kTileKeys = kKTileKeys;                   // 32
+  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;        // 2
+  static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;      // 8 WMMA K-steps over channels
+  static constexpr int kChannelBlocks = SAGE_HEAD_DIM / kWmmaDim;  // 8 accumulator tiles
+  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB
+  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB
+  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;     // 8 KiB
+  static constexpr int kStages = 2;                                 // double buffer: 16 KiB
+  static constexpr int kLdsBytes = kStages * kStageBytes;
+  static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 x 16 B
+  static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 x 16 B
+
+  static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK,
+                "one Q scale per wave and one K scale per tile");
+  static_assert(SAGE_SEQ_ALIGN % kQueriesPerGroup == 0 && SAGE_SEQ_ALIGN % kTileKeys == 0,
+                "tiles divide the padded sequence: no bounds checks on loads");
+  static_assert(kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
+                    kVPiecesPerThread * 16 * kThreads == kVTileBytes,
+                "staging covers each tile exactly");
+};
+
+// log2(448): P·448 = exp2(t - m + log2 448), so the e4m3 scaling costs nothing.
+constexpr float kLog2Fp8Max = 8.807354922057604f;
+constexpr float kNegInf = -__builtin_inff();
+
+// The K and V bytes of one tile in flight from global memory to LDS.
+struct TileStage {
+  u32x4 k[AttnTraits::kKPiecesPerThread];
+  u32x4 v[AttnTraits::kVPiecesPerThread];
+};
+
+// Per-wave state: Q fragments, accumulators and softmax statistics of 32 queries.
+struct WaveState {
+  v2i32 q[AttnTraits::kQBlocks][AttnTraits::kQkSteps];         // 32 VGPRs
+  v8f32 acc[AttnTraits::kQBlocks][AttnTraits::kChannelBlocks];  // 128 VGPRs: Oᵀ tiles
+  float m[AttnTraits::kQBlocks];  // running max of t (log2 domain), same in both halves
+  float l[AttnTraits::kQBlocks];  // running sum of P·448 over this half-wave's keys
+};
+
+// Global addressing: a wave-uniform base pointer per tile (SGPRs) plus a per-lane 32-bit
+// offset that is the same for every tile, so the loads use the SADDR form and the loop keeps
+// one VGPR per load instead of a 64-bit address pair.
+struct HeadView {
+  const int8_t* k8;       // key 0 of this head
+  const sage_fp8_t* v8;   // channel 0, key 0 of this head
+  uint32_t k_lane_off[AttnTraits::kKPiecesPerThread];
+  uint32_t v_lane_off[AttnTraits::kVPiecesPerThread];
+};
+
+SAGE_DEVICE HeadView make_head_view(const SageParams& p, int64_t head) {
+  using T = AttnTraits;
+  HeadView hv;
+  hv.k8 = p.k8 + qk8_offset(head, p.kv_len_pad, 0, 0);
+  hv.v8 = p.v8 + v8_offset(head, p.kv_len_pad, 0, 0);
+  const int tid = sage_thread_id();
+#pragma unroll
+  for (int i = 0; i < T::kKPiecesPerThread; ++i) {
+    const int piece = stage_piece(tid, i, T::kThreads);
+    hv.k_lane_off[i] = uint32_t(k_piece_row(piece) * SAGE_HEAD_DIM + 16 * k_piece_chunk(piece));
+  }
+#pragma unroll
+  for (int i = 0; i < T::kVPiecesPerThread; ++i) {
+    const int piece = stage_piece(tid, i, T::kThreads);
+    // < 128 * kv_len_pad: fits 32 bits for any sequence under 2^24 keys.
+    hv.v_lane_off[i] =
+        uint32_t(v_piece_channel(piece) * uint32_t(p.kv_len_pad) + 16 * v_piece_half(piece));
+  }
+  return hv;
+}
+
+SAGE_DEVICE TileStage load_tile(const HeadView& hv, int tile) {
+  using T = AttnTraits;
+  TileStage st;
+  const int8_t* k_tile = hv.k8 + int64_t(tile) * T::kKTileBytes;
+  const sage_fp8_t* v_tile = hv.v8 + int64_t(tile) * T::kTileKeys;
+#pragma unroll
+  for (int i = 0; i < T::kKPiecesPerThread; ++i)
+    st.k[i] = sage_gload<u32x4>(k_tile, int64_t(hv.k_lane_off[i]));
+#pragma unroll
+  for (int i = 0; i < T::kVPiecesPerThread; ++i)
+    st.v[i] = sage_gload<u32x4>(v_tile, int64_t(hv.v_lane_off[i]));
+  return st;
+}
+
+template <class L>
+SAGE_DEVICE void store_tile(L* lds, int stage, const TileStage& st) {
+  using T = AttnTraits;
+  const int tid = sage_thread_id();
+  const int base = stage * T::kStageBytes;
+#pragma unroll
+  for (int i = 0; i < T::kKPiecesPerThread; ++i) {
+    const int piece = stage_piece(tid, i, T::kThreads);
+    sage_lds_store(lds, base + k_lds_offset(k_piece_row(piece), k_piece_chunk(piece)), st.k[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < T::kVPiecesPerThread; ++i) {
+    const int piece = stage_piece(tid, i, T::kThreads);
+    sage_lds_store(lds, base + T::kKTileBytes +
+                            v_lds_offset(v_piece_channel(piece), v_piece_half(piece)),
+                   st.v[i]);
+  }
+}
+
+SAGE_DEVICE v2i32 lo64(u32x4 x) { return v2i32{int(x.x), int(x.y)}; }
+SAGE_DEVICE v2i32 hi64(u32x4 x) { return v2i32{int(x.z), int(x.w)}; }
+
+SAGE_DEVICE int imax(int a, int b) { return a > b ? a : b; }
+
+// P·448 of one tile as e4m3 B operands of Pᵀ: [key chunk][query block].
+struct TileP {
+  v2i32 p8[AttnTraits::kKeyChunks][AttnTraits::kQBlocks];
+};
+
+// First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
+// `score_scale` = q_scale·k_scale; kMasked: tile keys >= `keys_valid` lie beyond kv_len.
+template <bool kMasked, class L>
+SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int keys_valid,
+                             WaveState& ws) {
+  using T = AttnTraits;
+  const int lane = sage_lane_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+  const int kbase = stage * T::kStageBytes;
+
+  // Sᵀ[kc][qb]: 16 keys x 16 queries, int32; lane = query r, keys tile_key(kc, 8h + j).
+  v8i32 s[T::kKeyChunks][T::kQBlocks];
+#pragma unroll
+  for (int kc = 0; kc < T::kKeyChunks; ++kc) {
+#pragma unroll
+    for (int qb = 0; qb < T::kQBlocks; ++qb) s[kc][qb] = v8i32{0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int kk = 0; kk < T::kQkSteps; kk += 2) {
+      // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
+      const u32x4 kfrag =
+          sage_lds_load<u32x4>(lds, kbase + k_lds_offset(tile_key(kc, r), 4 * h + kk / 2));
+#pragma unroll
+      for (int qb = 0; qb < T::kQBlocks; ++qb) {
+        s[kc][qb] = sage_wmma_i32_iu8(lo64(kfrag), ws.q[qb][kk], s[kc][qb]);
+        s[kc][qb] = sage_wmma_i32_iu8(hi64(kfrag), ws.q[qb][kk + 1], s[kc][qb]);
+      }
+    }
+  }
+
+  TileP tp;
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    // Row max on the exact integer dots (score_scale > 0 preserves order), masked keys out.
+    int dmax = -0x7fffffff - 1;
+#pragma unroll
+    for (int kc = 0; kc < T::kKeyChunks; ++kc)
+#pragma unroll
+      for (int j = 0; j < kFragElems; ++j) {
+        const bool valid = !kMasked || tile_key(kc, c_row(lane, j)) < keys_valid;
+        if (valid) dmax = imax(dmax, s[kc][qb][j]);
+      }
+    dmax = imax(dmax, sage_shfl_xor(dmax, 16));  // the other half-wave's keys of this query
+    // Key 0 of a processed tile is always valid, so dmax is a real dot here.
+    const float m_new = sage_fmaxf(ws.m[qb], float(dmax) * score_scale);
+    const float alpha = sage_exp2f(ws.m[qb] - m_new);  // first tile: exp2(-inf) = 0
+    const float bias = kLog2Fp8Max - m_new;
+    float psum = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < T::kKeyChunks; ++kc) {
+      float p[kFragElems];
+#pragma unroll
+      for (int j = 0; j < kFragElems; ++j) {
+        // Clamp: exp2 may round a hair above 448, which the e4m3 converter turns into NaN.
+        float x = sage_fminf(sage_exp2f(float(s[kc][qb][j]) * score_scale + bias), kFp8Max);
+        if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid) x = 0.0f;
+        p[j] = x;
+        psum += x;
+      }
+      int w0 = sage_cvt_pk_fp8(p[0], p[1], 0, false);
+      w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
+      int w1 = sage_cvt_pk_fp8(p[4], p[5], 0, false);
+      w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
+      tp.p8[kc][qb] = v2i32{w0, w1};
+    }
+    ws.l[qb] = ws.l[qb] * alpha + psum;
+    ws.m[qb] = m_new;
+    // An EXEC-masked branch: lanes whose max did not move skip it, and the whole block is
+    // skipped when no lane of the wave needs it (the common case after the first tiles).
+    if (alpha != 1.0f) {
+#pragma unroll
+      for (int cb = 0; cb < T::kChannelBlocks; ++cb) ws.acc[qb][cb] *= alpha;
+    }
+  }
+  return tp;
+}
+
+// Second half of a tile: Oᵀ[qb][cb] += Vᵀ(channels 16cb.., keys)·Pᵀ from the V stage. The
+// lane reads channel 16cb + r, tile keys 16h .. 16h + 15 = chunk 0 (low 8 bytes) and chunk 1
+// (high 8 bytes), exactly the keys its P bytes stand for.
+template <class L>
+SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const TileP& tp, WaveState& ws) {
+  using T = AttnTraits;
+  const int lane = sage_lane_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+  const int vbase = stage * T::kStageBytes + T::kKTileBytes;
+#pragma unroll
+  for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
+    const u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + v_lds_offset(16 * cb + r, h));
+#pragma unroll
+    for (int qb = 0; qb < T::kQBlocks; ++qb) {
+      ws.acc[qb][cb] = sage_wmma_f32_fp8(lo64(vfrag), tp.p8[0][qb], ws.acc[qb][cb]);
+      ws.acc[qb][cb] = sage_wmma_f32_fp8(hi64(vfrag), tp.p8[1][qb], ws.acc[qb][cb]);
+    }
+  }
+}
+
+SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
+  using T = AttnTraits;
+  SAGE_LDS(u32x4, lds, T::kLdsBytes / 16);
+  const int lane = sage_lane_id(), wave = sage_wave_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+  const int b = sage_block_id_z(), hd = sage_block_id_y();
+  const int64_t head = head_index(p, b, hd);
+  const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
+
+  const HeadView hv = make_head_view(p, head);
+  const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
+
+  // Start the first tile's loads before touching Q so their latencies overlap.
+  TileStage st = load_tile(hv, 0);
+
+  WaveState ws;
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    const int64_t row = qk8_offset(head, p.q_len_pad, q0 + 16 * qb + r, 0);
+#pragma unroll
+    for (int kk = 0; kk < T::kQkSteps; kk += 2) {
+      const u32x4 x = sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0));
+      ws.q[qb][kk] = lo64(x);
+      ws.q[qb][kk + 1] = hi64(x);
+    }
+    ws.m[qb] = kNegInf;
+    ws.l[qb] = 0.0f;
+#pragma unroll
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb)
+      ws.acc[qb][cb] = v8f32{0, 0, 0, 0, 0, 0, 0, 0};
+  }
+  const float q_scale = sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0));
+  const float* k_scales = p.k_scale + qk_scale_offset(head, p.kv_len_pad, 0);
+
+  store_tile(lds, 0, st);
+  sage_barrier();
+  // Main loop over full tiles. The next tile's global loads are issued after the scores, so
+  // they are in flight during the P·V WMMAs without their 16 staging VGPRs being live during
+  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile.
+  for (int t = 0; t + 1 < n_tiles; ++t) {
+    const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
+    const TileP tp = score_tile<false>(lds, t & 1, score_scale, T::kTileKeys, ws);
+    st = load_tile(hv, t + 1);
+    accumulate_pv(lds, t & 1, tp, ws);
+    // The other stage was last read in iteration t - 1, before the barrier that ended it.
+    store_tile(lds, (t + 1) & 1, st);
+    sage_barrier();
+  }
+  {
+    // The last tile always takes the masked path (full or not): choosing between two
+    // instantiations here put a phi over all 128 accumulator VGPRs and made clang spill.
+    const int t = n_tiles - 1;
+    const int keys_valid = int(p.kv_len) - t * T::kTileKeys;
+    const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
+    const TileP tp = score_tile<true>(lds, t & 1, score_scale, keys_valid, ws);
+    accumulate_pv(lds, t & 1, tp, ws);
+  }
+
+  // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels
+  //      16cb + 8h + j. Each half-wave summed its own keys: combine the two halves of l.
+  const float* v_scale = p.v_scale + v_scale_offset(head, 0);
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    const float l = ws.l[qb] + sage_shfl_xor(ws.l[qb], 16);
+    const float inv_l = sage_rcpf(l);
+    const int q = q0 + 16 * qb + r;
+    if (q >= p.q_len) continue;
+    const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
+#pragma unroll
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
+      const int c0 = 16 * cb + 8 * h;
+      const u32x4 s0 = sage_gload<u32x4>(v_scale, 4 * c0);
+      const u32x4 s1 = sage_gload<u32x4>(v_scale, 4 * (c0 + 4));
+      const uint32_t sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+      uint32_t packed[4];
+#pragma unroll
+      for (int j = 0; j < kFragElems; j += 2) {
+        const float o0 = ws.acc[qb][cb][j] * inv_l * bits_f32(sv[j]);
+        const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
+        packed[j / 2] = uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16);
+      }
+      sage_gstore<u32x4>(p.out, 2 * (orow + c0),
+                         u32x4{packed[0], packed[1], packed[2], packed[3]});
+    }
+  }
+}
+
+}  // namespace gfx12
+}  // namespace sage
+
+SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
+
+SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
+  using sage::gfx12::AttnTraits;
+  if (!params) return sage::set_error("sage_attention_launch: null params");
+  const SageParams& p = *params;
+  if (p.batch < 1 || p.heads < 1 || p.q_len < 1 || p.kv_len < 1)
+    return sage::set_error("sage_attention_launch: empty problem (batch=%d heads=%d q_len=%d "
+                           "kv_len=%d)", p.batch, p.heads, p.q_len, p.kv_len);
+  if (p.q_len_pad != sage::padded_len(p.q_len) || p.kv_len_pad != sage::padded_len(p.kv_len))
+    return sage::set_error("sage_attention_launch: q_len_pad/kv_len_pad must be the lengths "
+                           "rounded up to %d", SAGE_SEQ_ALIGN);
+  if (!p.q8 || !p.q_scale || !p.k8 || !p.k_scale || !p.v8 || !p.v_scale || !p.out)
+    return sage::set_error("sage_attention_launch: null tensor pointer");
+  if (p.heads > 65535 || p.batch > 65535)
+    return sage::set_error("sage_attention_launch: batch and heads must be <= 65535");
+  const sage_dim3 grid{unsigned(p.q_len_pad / AttnTraits::kQueriesPerGroup), unsigned(p.heads),
+                       unsigned(p.batch)};
+  const int rc = sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads,
+                             stream, p);
+  if (rc != 0) {
+#if !defined(SAGE_EMU)
+    return sage::set_error("sage_attention_launch: kernel launch failed (hip error %d)", rc);
+#else
+    return rc;  // the emulator already set a report summary
+#endif
+  }
+  return 0;
+}

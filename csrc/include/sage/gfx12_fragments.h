@@ -1,0 +1,109 @@
+// aiter_sage: lane bookkeeping of the gfx12 kernels — which lane holds which element of a
+// WMMA operand, how the attention kernel permutes channels and keys to make those operands
+// contiguous, and where tiles live in LDS. Pure integer functions, usable on host and device,
+// unit-tested on the host by op_tests/test_gfx12_layout.py (every mapping covers each element
+// exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
+// accumulator of one WMMA is the P operand of the next).
+//
+// gfx12 wave32 WMMA 16x16x16 (DESIGN.md §4): h = lane / 16, r = lane % 16, element j = 0..7 of
+// a lane's register vector (byte j of the v2i32 for 8-bit operands, VGPR j of C/D):
+//   A (M x K): row r,      column 8h + j
+//   B (K x N): row 8h + j, column r
+//   C/D (M x N): row 8h + j, column r
+#pragma once
+#include "sage/params.h"
+#include "sage/platform.h"
+
+namespace sage {
+namespace gfx12 {
+
+constexpr int kWaveSize = 32;
+constexpr int kWmmaDim = 16;   // M = N = K = 16
+constexpr int kFragElems = 8;  // elements per lane per operand / accumulator
+constexpr int kLdsBankBytes = 4;
+// Bytes one LDS pass serves: 64 banks x 4 B. A 128-bit access by 32 lanes takes at least two
+// passes of 16 lanes; an access pattern is conflict free when each 16-lane group touches 16
+// distinct 16-byte slots modulo this size.
+constexpr int kLdsPassBytes = 256;
+
+// ---------------------------------------------------------------- WMMA lane layout ------
+SAGE_HD constexpr int lane_half(int lane) { return lane >> 4; }  // h
+SAGE_HD constexpr int lane_idx(int lane) { return lane & 15; }   // r
+// A operand: element j of `lane` is A[a_row(lane)][a_col(lane, j)].
+SAGE_HD constexpr int a_row(int lane) { return lane_idx(lane); }
+SAGE_HD constexpr int a_col(int lane, int j) { return 8 * lane_half(lane) + j; }
+// B operand: element j of `lane` is B[b_row(lane, j)][b_col(lane)].
+SAGE_HD constexpr int b_row(int lane, int j) { return 8 * lane_half(lane) + j; }
+SAGE_HD constexpr int b_col(int lane) { return lane_idx(lane); }
+// C/D accumulator: element j of `lane` is C[c_row(lane, j)][c_col(lane)].
+SAGE_HD constexpr int c_row(int lane, int j) { return 8 * lane_half(lane) + j; }
+SAGE_HD constexpr int c_col(int lane) { return lane_idx(lane); }
+
+// ------------------------------------------------------- attention: operand mapping ------
+// Sᵀ = K·Qᵀ (iu8): A = K tile (rows = keys, K-dim = channels), B = Qᵀ (columns = queries).
+// Oᵀ = V8ᵀ·P8ᵀ (fp8): A = Vᵀ tile (rows = channels, K-dim = keys), B = Pᵀ (columns = queries).
+// The C/D layout of Sᵀ (lane = query, 8 keys) is the B layout of Pᵀ, so P goes from the
+// softmax straight into the second WMMA; and Oᵀ's C/D layout keeps each query's accumulators
+// in the lane that owns that query's softmax statistics (no shuffles for the rescale).
+//
+// A dot product does not care about the order of its terms, so both contractions use a
+// permuted order that makes every lane's bytes contiguous in memory:
+//  * QK contraction step kk (0..7) of the 128 channels: lane half h holds channels
+//    64h + 8kk + j, i.e. one lane reads 64 contiguous bytes of its Q row / K row.
+SAGE_HD constexpr int qk_channel(int kk, int half, int j) { return 64 * half + 8 * kk + j; }
+//  * A 32-key tile is contracted as two 16-key chunks kc; WMMA index m (the Sᵀ row, the P·V
+//    K-dim) of chunk kc is tile key 16(m / 8) + 8kc + m % 8. Then the lane holding P keys
+//    8h + j of both chunks needs V bytes of tile keys 16h .. 16h + 15: one 16-byte load.
+SAGE_HD constexpr int tile_key(int kc, int m) { return 16 * (m >> 3) + 8 * kc + (m & 7); }
+
+// ---------------------------------------------------------- attention: LDS tiles ------
+// K tile: 32 keys x 128 channel bytes, row-major, 16-byte chunks XOR-swizzled per row so that
+// the A-operand reads (16 lanes = 16 rows tile_key(kc, 0..15), same chunk) and the staging
+// stores (16 lanes = 2 rows x 8 chunks) hit 16 distinct 16-byte slots of a 256-byte pass.
+constexpr int kKTileKeys = 32;
+constexpr int kKRowBytes = 128;
+SAGE_HD constexpr int k_lds_swizzle(int row) { return ((row >> 1) & 3) | ((row >> 2) & 4); }
+SAGE_HD constexpr int k_lds_offset(int row, int chunk16) {
+  return row * kKRowBytes + 16 * (chunk16 ^ k_lds_swizzle(row));
+}
+// V tile: 128 channels x 32 key bytes (the transposed prepared layout), two 16-byte halves
+// per row; the half index is flipped for channels with bit 3 set, so that 16 lanes reading
+// channels r = 0..15 (same half) cover all 16 slots of a pass instead of 8 slots twice.
+constexpr int kVRowBytes = 32;
+SAGE_HD constexpr int v_lds_offset(int channel, int half16) {
+  return channel * kVRowBytes + 16 * (half16 ^ ((channel >> 3) & 1));
+}
+
+// Staging: which 16-byte piece of the K / V tile thread `tid` of a `threads`-thread workgroup
+// moves in its load slot `slot` (consecutive threads take consecutive 16-byte pieces, so a
+// wave's global loads are contiguous).
+SAGE_HD constexpr int stage_piece(int tid, int slot, int threads) { return tid + slot * threads; }
+SAGE_HD constexpr int k_piece_row(int piece) { return piece >> 3; }     // key within tile
+SAGE_HD constexpr int k_piece_chunk(int piece) { return piece & 7; }    // 16-channel chunk
+SAGE_HD constexpr int v_piece_channel(int piece) { return piece >> 1; }
+SAGE_HD constexpr int v_piece_half(int piece) { return piece & 1; }     // keys 16*half..+15
+
+// ------------------------------------------------------------------ prepare: Q / K ------
+// A 32-row block is handled by a 128-thread workgroup: 16 lanes per row, lane chunk c holds
+// channels 8c .. 8c + 7 (one 16-byte BF16 load), so the RMSNorm partial sums p[c] of the
+// pinned order (quant.h) are per lane and the tree is a butterfly over shfl_xor 8, 4, 2, 1.
+constexpr int kPrepLanesPerRow = SAGE_HEAD_DIM / 8;  // 16
+SAGE_HD constexpr int prep_chunk(int tid) { return tid % kPrepLanesPerRow; }
+SAGE_HD constexpr int prep_row(int tid, int pass, int threads) {
+  return tid / kPrepLanesPerRow + pass * (threads / kPrepLanesPerRow);
+}
+// RoPE partner chunk of chunk c (c < rope_dim / 8): channels c*8 +- rope_dim/2.
+SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
+  return c < rope_dim / 16 ? c + rope_dim / 16 : c - rope_dim / 16;
+}
+
+// ------------------------------------------------------------------ prepare: V --------
+// V is transposed through LDS: a [128 channel][128 key] byte tile with rows padded by one
+// 4-byte word, so that the column writes (16 lanes = 16 channel rows 8 apart, 4 keys each)
+// and the 16-byte row reads spread over the banks.
+constexpr int kVtKeys = 128;
+constexpr int kVtRowBytes = kVtKeys + 4;
+SAGE_HD constexpr int vt_lds_offset(int channel, int key) { return channel * kVtRowBytes + key; }
+
+}  // namespace gfx12
+}  // namespace sage

@@ -1,0 +1,291 @@
+"""Host tests of sage/gfx12_fragments.h: the lane and LDS layouts of the gfx12 kernels.
+
+A tiny C++ program includes the header (plain host C++: the functions are SAGE_HD) and dumps
+every mapping; the checks here prove that each mapping covers its elements exactly once, that
+the LDS access patterns are bank-conflict free, and that the layouts compose as DESIGN.md §4
+says: simulating the two WMMAs with the §4 lane semantics, the Sᵀ accumulator of K·Qᵀ fed as
+the P operand of Vᵀ·Pᵀ gives exactly P·V. Runnable as a script or under pytest."""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WAVE = 32
+
+DUMP_SRC = r"""
+#include <stdio.h>
+#include "sage/gfx12_fragments.h"
+using namespace sage::gfx12;
+int main() {
+  printf("{\"a\":[");
+  for (int l = 0; l < 32; ++l) for (int j = 0; j < 8; ++j)
+    printf("%s[%d,%d,%d,%d]", l || j ? "," : "", l, j, a_row(l), a_col(l, j));
+  printf("],\"b\":[");
+  for (int l = 0; l < 32; ++l) for (int j = 0; j < 8; ++j)
+    printf("%s[%d,%d,%d,%d]", l || j ? "," : "", l, j, b_row(l, j), b_col(l));
+  printf("],\"c\":[");
+  for (int l = 0; l < 32; ++l) for (int j = 0; j < 8; ++j)
+    printf("%s[%d,%d,%d,%d]", l || j ? "," : "", l, j, c_row(l, j), c_col(l));
+  printf("],\"qk_channel\":[");
+  for (int kk = 0; kk < 8; ++kk) for (int h = 0; h < 2; ++h) for (int j = 0; j < 8; ++j)
+    printf("%s[%d,%d,%d,%d]", kk || h || j ? "," : "", kk, h, j, qk_channel(kk, h, j));
+  printf("],\"tile_key\":[");
+  for (int kc = 0; kc < 2; ++kc) for (int m = 0; m < 16; ++m)
+    printf("%s[%d,%d,%d]", kc || m ? "," : "", kc, m, tile_key(kc, m));
+  printf("],\"k_lds\":[");
+  for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < 8; ++c)
+    printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_offset(r, c));
+  printf("],\"v_lds\":[");
+  for (int ch = 0; ch < 128; ++ch) for (int hf = 0; hf < 2; ++hf)
+    printf("%s[%d,%d,%d]", ch || hf ? "," : "", ch, hf, v_lds_offset(ch, hf));
+  printf("],\"stage\":[");
+  for (int t = 0; t < 128; ++t) for (int s = 0; s < 2; ++s) {
+    int p = stage_piece(t, s, 128);
+    printf("%s[%d,%d,%d,%d,%d,%d,%d]", t || s ? "," : "", t, s, p, k_piece_row(p),
+           k_piece_chunk(p), v_piece_channel(p), v_piece_half(p));
+  }
+  printf("],\"prep\":[");
+  for (int t = 0; t < 128; ++t) for (int pass = 0; pass < 4; ++pass)
+    printf("%s[%d,%d,%d,%d]", t || pass ? "," : "", t, pass, prep_row(t, pass, 128), prep_chunk(t));
+  printf("],\"rope\":[");
+  int first = 1;
+  for (int rd = 32; rd <= 128; rd += 32) for (int c = 0; c < rd / 8; ++c) {
+    printf("%s[%d,%d,%d]", first ? "" : ",", rd, c, rope_partner_chunk(c, rd)); first = 0;
+  }
+  printf("],\"vt\":{\"keys\":%d,\"row\":%d,\"off\":[", kVtKeys, kVtRowBytes);
+  for (int ch = 0; ch < 128; ++ch) printf("%s%d", ch ? "," : "", vt_lds_offset(ch, 0));
+  printf("]},\"pass_bytes\":%d,\"bank_bytes\":%d}\n", kLdsPassBytes, kLdsBankBytes);
+  return 0;
+}
+"""
+
+
+def _compiler():
+    for c in ("clang++-19", "clang++", "g++", "c++"):
+        if shutil.which(c):
+            return c
+    return None
+
+
+_CACHE = {}
+
+
+def layouts():
+    if "d" not in _CACHE:
+        cxx = _compiler()
+        if cxx is None:
+            import pytest
+            pytest.skip("no host C++ compiler")
+        with tempfile.TemporaryDirectory() as tmp:
+            src, exe = Path(tmp) / "dump.cpp", Path(tmp) / "dump"
+            src.write_text(DUMP_SRC)
+            subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(REPO / "csrc" / "include"),
+                            "-I", str(REPO / "csrc"), str(src), "-o", str(exe)], check=True)
+            _CACHE["d"] = json.loads(subprocess.run([str(exe)], check=True, capture_output=True,
+                                                    text=True).stdout)
+    return _CACHE["d"]
+
+
+def _bijective(pairs, domain_size):
+    vals = [v for v in pairs]
+    return sorted(vals) == list(range(domain_size))
+
+
+# ------------------------------------------------------------------ WMMA lane layouts ----
+def test_wmma_layouts_match_design_section_4():
+    d = layouts()
+    for key in ("a", "b", "c"):
+        cells = [(row, col) for _, _, row, col in d[key]]
+        assert sorted(cells) == [(r, c) for r in range(16) for c in range(16)], key
+    for lane, j, row, col in d["a"]:  # A: row r, K = 8h + j
+        assert (row, col) == (lane % 16, 8 * (lane // 16) + j)
+    for lane, j, row, col in d["b"]:  # B: column r, K = 8h + j
+        assert (row, col) == (8 * (lane // 16) + j, lane % 16)
+    for lane, j, row, col in d["c"]:  # C/D: column r, rows 8h + j
+        assert (row, col) == (8 * (lane // 16) + j, lane % 16)
+    # The point of Sᵀ = K·Qᵀ: C/D element (lane, j) sits where the B operand expects it.
+    assert [(r, c) for _, _, r, c in d["c"]] == [(r, c) for _, _, r, c in d["b"]]
+
+
+def test_qk_channel_permutation():
+    d = layouts()
+    assert _bijective([ch for *_, ch in d["qk_channel"]], 128)
+    # a lane's 8 K-steps are 64 contiguous channels: 4 x 16-byte loads
+    for kk, h, j, ch in d["qk_channel"]:
+        assert 64 * h <= ch < 64 * h + 64
+
+
+def test_tile_key_permutation_makes_v_reads_contiguous():
+    d = layouts()
+    tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    assert _bijective(tk.values(), 32)
+    for h in range(2):  # the lane half h holds P keys 8h + j of both chunks:
+        keys = [tk[(kc, 8 * h + j)] for kc in range(2) for j in range(8)]
+        assert keys == list(range(16 * h, 16 * h + 16))  # = one 16-byte V read
+
+
+# ------------------------------------------------------------------------ LDS tiles -----
+def _slot_conflicts(addresses, pass_bytes):
+    """16-byte accesses: number of 16-lane groups that hit a 16-byte slot twice per pass."""
+    bad = 0
+    for g in range(0, len(addresses), 16):
+        slots = [(a % pass_bytes) // 16 for a in addresses[g:g + 16]]
+        bad += len(slots) != len(set(slots))
+    return bad
+
+
+def test_k_lds_tile():
+    d = layouts()
+    off = {(r, c): o for r, c, o in d["k_lds"]}
+    assert sorted(off.values()) == list(range(0, 32 * 128, 16))  # a permutation of 16B slots
+    tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    # A-operand reads: lane (r, h) reads row tile_key(kc, r), chunk 4h + kk/2
+    for kc in range(2):
+        for m4 in range(4):
+            addrs = [off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)] for lane in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (kc, m4)
+    # staging stores
+    st = {(t, s): (kr, kch) for t, s, _, kr, kch, _, _ in d["stage"]}
+    for s in range(2):
+        for w in range(4):
+            addrs = [off[st[(32 * w + l, s)]] for l in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
+
+
+def test_v_lds_tile():
+    d = layouts()
+    off = {(ch, hf): o for ch, hf, o in d["v_lds"]}
+    assert sorted(off.values()) == list(range(0, 128 * 32, 16))
+    for cb in range(8):  # A-operand reads: lane reads channel 16cb + r, half h
+        addrs = [off[(16 * cb + lane % 16, lane // 16)] for lane in range(WAVE)]
+        assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, cb
+    st = {(t, s): (vc, vh) for t, s, _, _, _, vc, vh in d["stage"]}
+    for s in range(2):
+        for w in range(4):
+            addrs = [off[st[(32 * w + l, s)]] for l in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
+
+
+def test_staging_covers_tiles_once():
+    d = layouts()
+    k = sorted((kr, kc) for _, _, _, kr, kc, _, _ in d["stage"])
+    v = sorted((vc, vh) for _, _, _, _, _, vc, vh in d["stage"])
+    assert k == [(r, c) for r in range(32) for c in range(8)]
+    assert v == [(c, h) for c in range(128) for h in range(2)]
+    # consecutive lanes take consecutive 16-byte pieces (contiguous global loads)
+    for t, s, p, *_ in d["stage"]:
+        assert p == t + 128 * s
+
+
+# ------------------------------------------------------- composition (DESIGN.md §4) -----
+def _wmma(a_frag, b_frag, c_frag, d):
+    """D = A x B + C on lane fragments, with the lane semantics of DESIGN.md §4."""
+    A = [[0] * 16 for _ in range(16)]
+    B = [[0] * 16 for _ in range(16)]
+    C = [[0] * 16 for _ in range(16)]
+    for lane, j, r, c in d["a"]:
+        A[r][c] = a_frag[lane][j]
+    for lane, j, r, c in d["b"]:
+        B[r][c] = b_frag[lane][j]
+    for lane, j, r, c in d["c"]:
+        C[r][c] = c_frag[lane][j]
+    D = [[C[m][n] + sum(A[m][k] * B[k][n] for k in range(16)) for n in range(16)]
+         for m in range(16)]
+    out = [[0] * 8 for _ in range(WAVE)]
+    for lane, j, r, c in d["c"]:
+        out[lane][j] = D[r][c]
+    return out
+
+
+def test_scores_feed_pv_without_shuffles():
+    """One wave, one 16-query block, one 32-key tile, the kernel's fragment recipes."""
+    d = layouts()
+    rnd = random.Random(0)
+    Q = [[rnd.randint(-127, 127) for _ in range(128)] for _ in range(16)]
+    K = [[rnd.randint(-127, 127) for _ in range(128)] for _ in range(32)]
+    V = [[rnd.randint(-8, 8) for _ in range(128)] for _ in range(32)]  # [key][channel]
+    ch = {(kk, h, j): c for kk, h, j, c in d["qk_channel"]}
+    tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    S = []
+    for kc in range(2):  # Sᵀ = K·Qᵀ, A = K rows tile_key(kc, r), B = Q of query r
+        acc = [[0] * 8 for _ in range(WAVE)]
+        for kk in range(8):
+            a = [[K[tk[(kc, l % 16)]][ch[(kk, l // 16, j)]] for j in range(8)] for l in range(WAVE)]
+            b = [[Q[l % 16][ch[(kk, l // 16, j)]] for j in range(8)] for l in range(WAVE)]
+            acc = _wmma(a, b, acc, d)
+        S.append(acc)
+    for kc in range(2):  # lane = query r, element j = key tile_key(kc, 8h + j)
+        for lane in range(WAVE):
+            for j in range(8):
+                key = tk[(kc, 8 * (lane // 16) + j)]
+                assert S[kc][lane][j] == sum(Q[lane % 16][c] * K[key][c] for c in range(128))
+    P = [[[s % 5 for s in S[kc][lane]] for lane in range(WAVE)] for kc in range(2)]  # any P
+    for cb in range(8):  # Oᵀ = Vᵀ·Pᵀ: A = V channel 16cb + r, keys 16h.. (one 16-byte read)
+        acc = [[0] * 8 for _ in range(WAVE)]
+        for kc in range(2):
+            a = [[V[16 * (l // 16) + 8 * kc + j][16 * cb + l % 16] for j in range(8)]
+                 for l in range(WAVE)]
+            acc = _wmma(a, P[kc], acc, d)  # P straight from the Sᵀ registers
+        for lane in range(WAVE):
+            q = lane % 16
+            for j in range(8):
+                c = 16 * cb + 8 * (lane // 16) + j
+                want = sum(P[kc][l][jj] * V[tk[(kc, 8 * (l // 16) + jj)]][c]
+                           for kc in range(2) for l in (q, q + 16) for jj in range(8))
+                assert acc[lane][j] == want
+
+
+# ------------------------------------------------------------------------- prepare ------
+def test_prepare_qk_mapping():
+    d = layouts()
+    cells = sorted((row, c) for _, _, row, c in d["prep"])
+    assert cells == [(r, c) for r in range(32) for c in range(16)]
+    # the 16 lanes of a row form one half-wave with chunk = lane % 16, so the RMSNorm
+    # butterfly (shfl_xor 8, 4, 2, 1) stays inside the row
+    lanes = {}
+    for t, _, row, c in d["prep"]:
+        assert c == t % 16
+        lanes.setdefault(row, set()).add(t)
+    for ts in lanes.values():
+        t0 = min(ts)
+        assert t0 % 16 == 0 and ts == set(range(t0, t0 + 16))
+
+
+def test_rope_partner():
+    d = layouts()
+    for rd, c, pc in d["rope"]:
+        half_chunks = rd // 16
+        assert pc == (c + half_chunks if c < half_chunks else c - half_chunks)
+        assert 0 <= pc < rd // 8
+    part = {(rd, c): pc for rd, c, pc in d["rope"]}
+    assert all(part[(rd, pc)] == c for (rd, c), pc in part.items())  # an involution
+
+
+def test_v_transpose_tile():
+    d = layouts()
+    vt, row = d["vt"], d["vt"]["row"]
+    assert vt["off"] == [ch * row for ch in range(128)] and row >= vt["keys"] and row % 4 == 0
+    # column writes: 16 lanes = channel chunks c (rows 8c + i), same 4-key word: count banks
+    banks = d["pass_bytes"] // d["bank_bytes"]
+    for i in range(8):
+        b = [((8 * c + i) * row // 4) % banks for c in range(16)]
+        assert max(b.count(x) for x in set(b)) <= 2  # at most 2-way (memory-bound kernel)
+
+
+if __name__ == "__main__":
+    fails = 0
+    for name, fn in sorted(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                print(f"PASS {name}")
+            except Exception as e:  # noqa: BLE001
+                fails += 1
+                print(f"FAIL {name}: {e!r}")
+    sys.exit(1 if fails else 0)
