@@ -5,55 +5,42 @@
                          grid=(1, 1, 1), block=32, args=[a, bt, c, d])   # numpy / torch CPU
     assert res.ok, res.reports
 
-The source is compiled once (clang++, as C++ with -DSAGE_EMU) together with the emulator
-runtime and a small generated trampoline that exports, per kernel,
-``sage_emu_run_<kernel>`` and ``sage_emu_signature_<kernel>``; the shared object is cached
-under a directory keyed by the sources, headers, flags and compiler. Array arguments are
-passed by pointer and modified in place.
+The source is compiled once by the JIT driver (target ``emu``: clang++, .hip as C++ with
+-DSAGE_EMU) together with the emulator runtime and a small generated trampoline that exports,
+per kernel, ``sage_emu_run_<kernel>`` and ``sage_emu_signature_<kernel>``; it is cached like
+every module. Array arguments are passed by pointer and modified in place.
 
 Command line (arrays from/to .npy files):
 
     python -m aiter_sage.emu SOURCE KERNEL --grid 4,1,1 --block 128 \
         --arg a.npy --arg out.npy --arg i:16 --arg f:0.5 --write-back
 
-Only the standard library is needed (numpy / torch are used when given). The compiler command
-is built in one place, :func:`emu_compile_command`, so a JIT driver can reuse it.
+Only the standard library is needed (numpy / torch are used when given).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import fcntl
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import jit_driver
+
 __all__ = [
-    "EMU_RUNTIME_SOURCES",
     "EmuError",
     "EmuModule",
     "EmuResult",
     "asan_env",
     "asan_runtime_path",
-    "emu_compile_command",
-    "find_compiler",
     "load_module",
     "run_kernel",
 ]
-
-# Emulator runtime sources, relative to csrc/; linked into every emulated module.
-EMU_RUNTIME_SOURCES = ("emu/runtime.cpp", "emu/fiber.cpp", "emu/models.cpp")
-# Flags for compiling kernel sources (.hip as C++) and the runtime for the emulator.
-EMU_CXX_FLAGS = ("-std=c++20", "-DSAGE_EMU", "-O2", "-fPIC", "-fvisibility=hidden", "-pthread",
-                 "-Wno-psabi")  # v8i32 by value without AVX: same ABI in every TU of a module
-ASAN_FLAGS = ("-fsanitize=address", "-fno-omit-frame-pointer")
 
 _SIG_RE = re.compile(r"^(p|[ifs]\d+)$")
 _KINFO_RE = re.compile(r"\bsage_emu_kinfo_([A-Za-z_]\w*)\s*=")
@@ -63,56 +50,15 @@ class EmuError(RuntimeError):
     """Compile failure, bad arguments, or (with check=True) a failed emulated launch."""
 
 
-# ------------------------------------------------------------------------------------------
-# Locations and tools
-# ------------------------------------------------------------------------------------------
-def csrc_dir() -> Path:
-    """csrc/ of this checkout or installed package (AITER_SAGE_CSRC overrides)."""
-    env = os.environ.get("AITER_SAGE_CSRC")
-    here = Path(__file__).resolve().parent
-    for cand in ([Path(env)] if env else []) + [here / "_csrc", here.parent / "csrc"]:
-        if (cand / "emu" / "sage_emu.h").is_file():
-            return cand
-    raise EmuError("aiter_sage.emu: cannot find csrc/ with emu/sage_emu.h (set AITER_SAGE_CSRC)")
-
-
-def find_compiler() -> str:
-    """A clang++ (needed for ext_vector_type); AITER_SAGE_EMU_CXX overrides."""
-    for name in (os.environ.get("AITER_SAGE_EMU_CXX", ""), "clang++-19", "clang++-20",
-                 "clang++-18", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    raise EmuError("aiter_sage.emu: no clang++ found: install clang (`apt-get install clang-19`) "
-                   "or set AITER_SAGE_EMU_CXX")
-
-
-def emu_compile_command(sources, output, *, compiler: str | None = None,
-                        csrc: Path | str | None = None, sanitize: str | None = None,
-                        include_dirs=(), extra_flags=(), with_runtime: bool = True) -> list[str]:
-    """The one place that spells the emulator build: sources (+ runtime) -> shared object.
-
-    ``sources`` are compiled as C++ (``-x c++``, so ``.hip`` files work) with -DSAGE_EMU;
-    ``sanitize="address"`` adds ASan (the .so then needs the ASan runtime preloaded, see
-    :func:`asan_env`).
-    """
-    csrc = Path(csrc) if csrc else csrc_dir()
-    cmd = [compiler or find_compiler(), "-x", "c++", *EMU_CXX_FLAGS,
-           f"-I{csrc}", f"-I{csrc / 'include'}", *(f"-I{d}" for d in include_dirs)]
-    if sanitize == "address":
-        cmd += ASAN_FLAGS
-    elif sanitize:
+def _target(sanitize: str | None) -> str:
+    if sanitize not in (None, "address"):
         raise EmuError(f"aiter_sage.emu: unsupported sanitizer {sanitize!r}")
-    cmd += list(extra_flags)
-    cmd += [str(s) for s in sources]
-    if with_runtime:
-        cmd += [str(csrc / s) for s in EMU_RUNTIME_SOURCES]
-    cmd += ["-shared", "-o", str(output), "-ldl"]
-    return cmd
+    return "emu-asan" if sanitize else "emu"
 
 
-def asan_runtime_path(compiler: str | None = None) -> str | None:
-    """The shared ASan runtime matching the compiler (to LD_PRELOAD into Python), or None."""
-    cc = compiler or find_compiler()
+def asan_runtime_path() -> str | None:
+    """The shared ASan runtime matching the emulator's compiler (to LD_PRELOAD), or None."""
+    cc = jit_driver.toolchain_for("emu").compiler
     for name in ("libclang_rt.asan-x86_64.so", "libclang_rt.asan.so"):
         try:
             out = subprocess.run([cc, f"-print-file-name={name}"], capture_output=True,
@@ -124,9 +70,9 @@ def asan_runtime_path(compiler: str | None = None) -> str | None:
     return None
 
 
-def asan_env(compiler: str | None = None, base: dict | None = None) -> dict:
+def asan_env(base: dict | None = None) -> dict:
     """Environment for a subprocess that loads ASan-built emulated modules into Python."""
-    rt = asan_runtime_path(compiler)
+    rt = asan_runtime_path()
     if not rt:
         raise EmuError("aiter_sage.emu: the compiler has no shared ASan runtime "
                        "(libclang_rt.asan-x86_64.so)")
@@ -144,30 +90,16 @@ def _asan_loaded() -> bool:
         return False
 
 
-def cache_dir() -> Path:
-    env = os.environ.get("AITER_SAGE_EMU_CACHE")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    try:
-        p = Path(base) / "aiter_sage" / "emu"
-        p.mkdir(parents=True, exist_ok=True)
-        return p
-    except OSError:
-        return Path(tempfile.gettempdir()) / "aiter_sage_emu"
-
-
 # ------------------------------------------------------------------------------------------
-# Building
+# Building: a generated trampoline + the emulator runtime, through the JIT driver
 # ------------------------------------------------------------------------------------------
-def _dependency_files(source: Path, csrc: Path) -> list[Path]:
-    """Files the build may read: the source, headers next to it, csrc/include and csrc/emu."""
-    files = {source}
-    for d in {source.parent, csrc / "include", csrc / "emu"}:
-        if d.is_dir():
-            files.update(p for p in d.rglob("*") if p.is_file() and p.suffix in
-                         (".h", ".hpp", ".hip", ".cpp", ".cuh", ".inc"))
-    return sorted(files)
+def _digest(source: Path) -> str:
+    """Content of the source and its neighbours (headers it may include)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in source.parent.rglob("*") if p.is_file() and p.suffix in
+                    (".h", ".hpp", ".hip", ".cpp", ".cuh", ".inc")):
+        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
 
 
 def _trampoline_text(source: Path, kernels) -> str:
@@ -177,12 +109,11 @@ def _trampoline_text(source: Path, kernels) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _scan_kernels(source: Path, cc: str, csrc: Path) -> list[str]:
+def _scan_kernels(source: Path, target: str) -> list[str]:
     """Kernel names after preprocessing (so kernels defined through macros are found):
     SAGE_KERNEL(name, ...) expands to a `sage_emu_kinfo_<name> = ...` definition."""
-    cmd = emu_compile_command([source], "-", compiler=cc, csrc=csrc, include_dirs=[source.parent],
-                              with_runtime=False)
-    cmd = [c for c in cmd[:cmd.index("-shared")]] + ["-E", "-P"]
+    tc = jit_driver.toolchain_for(target)
+    cmd = [tc.compiler, "-x", "c++", *tc.cflags, "-E", "-P", str(source)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise EmuError("aiter_sage.emu: preprocessing failed:\n$ " + " ".join(cmd) + "\n" +
@@ -191,55 +122,32 @@ def _scan_kernels(source: Path, cc: str, csrc: Path) -> list[str]:
 
 
 def _build(source: Path, sanitize, extra_flags) -> tuple[Path, list[str]]:
-    """Builds (once; cached by content) the module exporting every kernel of `source`."""
-    csrc = csrc_dir()
-    cc = find_compiler()
-    probe = emu_compile_command(["<trampoline>"], "<out>", compiler=cc, csrc=csrc,
-                                sanitize=sanitize, include_dirs=[source.parent],
-                                extra_flags=extra_flags)
-    h = hashlib.sha256()
-    h.update("\0".join(probe).encode() + b"\0" + _trampoline_text(source, ["<k>"]).encode())
-    try:
-        h.update(subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.encode())
-    except OSError:
-        pass
-    for f in _dependency_files(source, csrc):
-        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
-    key = h.hexdigest()[:24]
-    out_dir = cache_dir()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    so = out_dir / f"{source.stem}-{key}{'-asan' if sanitize else ''}.so"
-    names_file = so.with_suffix(".kernels")
-
-    def cached():
-        if so.is_file() and names_file.is_file():
-            return so, names_file.read_text().split()
-        return None
-
-    if (hit := cached()) is not None:
-        return hit
-    with open(out_dir / f".{so.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent first calls build once
-        if (hit := cached()) is not None:
-            return hit
-        names = _scan_kernels(source, cc, csrc)
+    """Builds (once; cached by the JIT driver) the module exporting every kernel of `source`."""
+    target = _target(sanitize)
+    # One folder per source version: the driver hashes the trampoline's folder.
+    gen = jit_driver.cache_root() / "emu-trampolines" / f"{source.stem}-{_digest(source)}"
+    names_file = gen / "kernels.txt"
+    if not names_file.is_file():
+        names = _scan_kernels(source, target)
         if not names:
             raise EmuError(f"aiter_sage.emu: no SAGE_KERNEL found in {source}")
-        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-            tramp = Path(tmp) / "trampoline.cpp"
-            tramp.write_text(_trampoline_text(source, names))
-            tmp_so = Path(tmp) / so.name
-            cmd = emu_compile_command([tramp], tmp_so, compiler=cc, csrc=csrc, sanitize=sanitize,
-                                      include_dirs=[source.parent], extra_flags=extra_flags)
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise EmuError("aiter_sage.emu: build failed:\n$ " + " ".join(cmd) + "\n" +
-                               r.stderr[-8000:])
-            tmp_names = Path(tmp) / "kernels"
-            tmp_names.write_text("\n".join(names) + "\n")
-            os.replace(tmp_so, so)  # atomic: readers never see a partial file
-            os.replace(tmp_names, names_file)
-    return so, names
+        gen.mkdir(parents=True, exist_ok=True)
+        tmp = gen / f".tramp-{os.getpid()}"
+        tmp.write_text(_trampoline_text(source, names))
+        os.replace(tmp, gen / "trampoline.cpp")
+        tmp.write_text("\n".join(names) + "\n")
+        os.replace(tmp, names_file)  # written last: marks the folder complete
+    runtime = jit_driver.module_table().EMU_RUNTIME
+    spec = jit_driver.module_table().ModuleSpec(
+        name=f"emu_{source.stem}", archs=(), entry="",
+        sources={"emu": (str(gen / "trampoline.cpp"),
+                         *(str(jit_driver.csrc_dir() / r) for r in runtime))},
+        flags=tuple(extra_flags))
+    try:
+        so = jit_driver.ensure_module(spec, target)
+    except jit_driver.BuildError as e:
+        raise EmuError(str(e)) from None
+    return so, names_file.read_text().split()
 
 
 # ------------------------------------------------------------------------------------------

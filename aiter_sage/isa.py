@@ -2,9 +2,8 @@
 
     python -m aiter_sage.isa --arch gfx1201 [--so PATH ...]
 
-Without ``--so`` it builds csrc/gfx12/{prepare,attention}.hip with clang++-19 into a temporary
-directory (:func:`hip_compile_command` is the one place that spells the compile, so the JIT can
-route through it). It then extracts the code object for ``--arch`` from each module's fat binary,
+Without ``--so`` it builds csrc/gfx12/{prepare,attention}.hip for ``--arch`` through the JIT
+driver (hipcc, else clang++ --offload-arch; cached like a first call's build). It then extracts the code object for ``--arch`` from each module's fat binary,
 reads the kernel metadata and disassembles it, and prints per kernel: VGPRs, SGPRs, LDS bytes,
 scratch bytes, estimated waves per SIMD, and the instruction mix of the main loop (the innermost
 backward branch whose body contains WMMAs).
@@ -34,12 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parent.parent
-GFX12_SOURCES = {
-    "module_gfx1201_sage_prepare": REPO / "csrc" / "gfx12" / "prepare.hip",
-    "module_gfx1201_sage_attention": REPO / "csrc" / "gfx12" / "attention.hip",
-}
-DEFAULT_ARCHS = ("gfx1201", "gfx1200")
+from . import jit_driver
 
 # gfx12 occupancy facts (see the module docstring for sources).
 VGPRS_PER_SIMD_LANE = 1536
@@ -55,30 +49,11 @@ def tool(name: str) -> Optional[str]:
     return shutil.which(f"{name}-19") or shutil.which(name)
 
 
-def hip_compile_command(source: Path, output: Path, archs=DEFAULT_ARCHS,
-                        compiler: Optional[str] = None, extra_flags=()) -> list:
-    """The HIP compile of one gfx12 kernel module (a host .so with the device code objects).
-
-    Device code uses only the platform shim (no ockl/ocml), hence -nogpulib; the Debian HIP
-    5.2 runtime provides the host launch API (-lamdhip64)."""
-    compiler = compiler or tool("clang++") or "clang++-19"
-    return ([compiler, "-x", "hip"] + [f"--offload-arch={a}" for a in archs] +
-            ["-nogpulib", "-O3", "-std=c++17", "-fPIC", "-shared",
-             "-I", str(REPO / "csrc"), "-I", str(REPO / "csrc" / "include"),
-             *extra_flags, str(source), "-o", str(output), "-lamdhip64"])
-
-
-def build_modules(out_dir: Path, archs=DEFAULT_ARCHS) -> dict:
-    """Builds every gfx12 module into out_dir; returns {module name: .so path}."""
-    built = {}
-    for name, src in GFX12_SOURCES.items():
-        so = out_dir / f"{name}.so"
-        cmd = hip_compile_command(src, so, archs)
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"compile failed: {' '.join(cmd)}\n{res.stderr}")
-        built[name] = so
-    return built
+def build_modules(arch: str) -> dict:
+    """{module name: .so} of the gfx12 kernel modules for `arch`, built (or taken from the
+    cache) by the JIT driver exactly as a first call on that GPU would build them."""
+    table = jit_driver.module_table()
+    return {name: jit_driver.ensure_module(name, arch) for name in table.KERNEL_MODULES}
 
 
 def extract_code_object(so: Path, arch: str, work: Path) -> Path:
@@ -277,9 +252,7 @@ def report(arch: str, sos: Optional[list] = None) -> dict:
     """{module .so path: [KernelReport]}, building the modules when `sos` is not given."""
     if sos:
         return {Path(s): analyze_so(Path(s), arch) for s in sos}
-    with tempfile.TemporaryDirectory() as tmp:
-        built = build_modules(Path(tmp), (arch,))
-        return {so: analyze_so(so, arch) for so in built.values()}
+    return {so: analyze_so(so, arch) for so in build_modules(arch).values()}
 
 
 def format_report(arch: str, results: dict) -> str:
@@ -312,12 +285,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="gfx1201", choices=("gfx1201", "gfx1200"))
     ap.add_argument("--so", action="append", help="module .so to analyze (repeatable); "
-                    "default: build csrc/gfx12 modules with clang++-19")
+                    "default: the csrc/gfx12 modules, built by the JIT")
     args = ap.parse_args(argv)
     missing = [t for t in ("llvm-objcopy", "llvm-objdump", "llvm-readelf",
                            "clang-offload-bundler") if not tool(t)]
-    if not args.so and not tool("clang++"):
-        missing.append("clang++")
     if missing:
         print(f"missing LLVM tools: {', '.join(missing)} (apt install clang-19 llvm-19)",
               file=sys.stderr)

@@ -172,7 +172,11 @@ def _hip_toolchain(arch: str) -> Toolchain:
                      ("-shared", "-lamdhip64"))
 
 
-def _emu_toolchain() -> Toolchain:
+def _emu_toolchain(sanitize: bool) -> Toolchain:
+    """clang (the kernels use ext_vector_type) compiling .hip sources as C++ with -DSAGE_EMU.
+
+    -Wno-psabi: v8i32 passed by value is the same in every TU of a module. With ASan the
+    loading process needs the sanitizer runtime preloaded (aiter_sage.emu.asan_env)."""
     clang = _which(os.environ.get("AITER_SAGE_EMU_CXX", ""), "clang++-19", "clang++-20",
                    "clang++-18", "clang++", os.path.join(_rocm_path(), "llvm", "bin", "clang++"))
     if not clang:
@@ -180,7 +184,7 @@ def _emu_toolchain() -> Toolchain:
     flags = ("-std=c++20", "-O2", "-fPIC", "-DSAGE_EMU", "-pthread", "-fvisibility=hidden",
              "-Wno-psabi") + _include_flags()
     ld = ("-shared", "-pthread", "-ldl")
-    if os.environ.get("AITER_SAGE_EMU_ASAN") == "1":
+    if sanitize:
         san = ("-fsanitize=address", "-fno-omit-frame-pointer")
         flags, ld = flags + san, ld + san
     return Toolchain("emu", clang, flags, ld, hip_as_cxx=True)
@@ -230,8 +234,8 @@ def _torch_toolchain() -> Toolchain:
 def toolchain_for(target: str) -> Toolchain:
     if target == "cpu":
         return _cpu_toolchain()
-    if target == "emu":
-        return _emu_toolchain()
+    if target in ("emu", "emu-asan"):
+        return _emu_toolchain(sanitize=target == "emu-asan")
     if target == "torch":
         return _torch_toolchain()
     if target.startswith("gfx"):
@@ -240,9 +244,7 @@ def toolchain_for(target: str) -> Toolchain:
 
 
 def _cache_target(target: str) -> str:
-    """Cache folder of a target: the emulator's ASan build must not share the plain one."""
-    if target == "emu" and os.environ.get("AITER_SAGE_EMU_ASAN") == "1":
-        return "emu-asan"
+    """Cache folder of a target (the binding's depends on the torch and Python versions)."""
     if target == "torch":
         import torch
 
@@ -268,7 +270,7 @@ def _source_files(spec, kind: str) -> list[Path]:
 
 
 def _kind_of(target: str) -> str:
-    return "hip" if target.startswith("gfx") else target
+    return "hip" if target.startswith("gfx") else target.split("-")[0]
 
 
 def sources_digest(spec, kind: str) -> str:
@@ -283,7 +285,8 @@ def cache_key(spec, target: str, tc: Toolchain) -> str:
     h = hashlib.sha256()
     h.update(f"{spec.name}\0{target}\0{abi_version()}\0".encode())
     h.update(sources_digest(spec, tc.kind).encode())
-    h.update("\0".join(tc.cflags + tc.ldflags).replace(str(csrc_dir()), "<csrc>").encode())
+    flags = tc.cflags + tuple(spec.flags) + tc.ldflags
+    h.update("\0".join(flags).replace(str(csrc_dir()), "<csrc>").encode())
     h.update(tc.identity.encode())
     return h.hexdigest()
 
@@ -345,7 +348,7 @@ def write_ninja(spec, tc: Toolchain, build_dir: Path, output: Path) -> Path:
     lines = [
         "ninja_required_version = 1.3",
         f"cxx = {_q(tc.compiler)}",
-        f"cflags = {' '.join(_q(f) for f in tc.cflags)}",
+        f"cflags = {' '.join(_q(f) for f in tc.cflags + tuple(spec.flags))}",
         f"ldflags = {' '.join(_q(f) for f in tc.ldflags)}",
         "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
         "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",

@@ -59,8 +59,8 @@ def select_target(device: str, backend: str) -> str:
     if dev.type == "cpu":
         if b in ("", "cpu"):
             return "cpu"
-        if b == "emu":
-            return "emu"
+        if b == "emu":  # AITER_SAGE_EMU_ASAN=1: the AddressSanitizer build (needs asan_env())
+            return "emu-asan" if os.environ.get("AITER_SAGE_EMU_ASAN") == "1" else "emu"
         raise ValueError(f"aiter_sage: backend {backend!r} needs a GPU tensor; CPU tensors run "
                          f"on 'cpu' or 'emu'")
     if dev.type == "cuda" and torch.version.hip:

@@ -24,6 +24,7 @@ class ModuleSpec:
     sources: dict[str, tuple[str, ...]]  # toolchain ("hip", "emu", "cpu", "torch") -> sources
     entry: str = ""  # launch symbol of the C ABI (csrc/include/sage/module_abi.h)
     root: str = ""  # folder the sources are relative to; "" = the package's csrc/
+    flags: tuple[str, ...] = ()  # extra compile flags of this module
 
 
 MODULES: dict[str, ModuleSpec] = {

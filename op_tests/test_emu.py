@@ -14,7 +14,6 @@ Run: python -m pytest op_tests/test_emu.py -q   or   python op_tests/test_emu.py
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import shutil
@@ -25,40 +24,20 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
+from common import REPO as ROOT
+from common import run_as_script
 
-try:
-    import pytest
-except ImportError:  # plain `python op_tests/test_emu.py`
-    pytest = None
+from aiter_sage import emu
 
-ROOT = Path(__file__).resolve().parent.parent
 PROBES = ROOT / "op_tests" / "emu_probes"
 WMMA_PROBE = PROBES / "wmma_probe.hip"
 CHECKS_PROBE = PROBES / "checks_probe.hip"
-
-
-def _load_emu():
-    # Load the module by path: the runner needs nothing from the rest of the package.
-    spec = importlib.util.spec_from_file_location("aiter_sage_emu_under_test",
-                                                  ROOT / "aiter_sage" / "emu.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-emu = _load_emu()
 HAVE_CLANG = shutil.which("clang++-19") is not None or shutil.which("clang++") is not None
 
 
 def _skip(reason):
-    if pytest is not None:
-        pytest.skip(reason)
-    raise _Skip(reason)
-
-
-class _Skip(Exception):
-    pass
+    pytest.skip(reason)
 
 
 def _module(path):
@@ -422,9 +401,11 @@ def test_probes_compile_for_gfx1201():
 
 # ---------------------------------------------------------------- AddressSanitizer
 _ASAN_SCRIPT = textwrap.dedent("""
-    import importlib.util, sys, numpy as np
-    spec = importlib.util.spec_from_file_location("emu", {emu!r})
-    emu = importlib.util.module_from_spec(spec); sys.modules["emu"] = emu; spec.loader.exec_module(emu)
+    import sys, types, numpy as np
+    pkg = types.ModuleType("aiter_sage")  # the emulator alone: skip torch and the op binding
+    pkg.__path__ = [{pkgdir!r}]
+    sys.modules["aiter_sage"] = pkg
+    from aiter_sage import emu
     mod = emu.load_module({src!r}, sanitize="address")
     x = np.arange(64, dtype=np.int32); out = np.zeros(64, np.int32)
     kernel = sys.argv[1]
@@ -441,7 +422,7 @@ def test_asan_probe():
         env = emu.asan_env()
     except emu.EmuError as e:
         _skip(str(e))
-    script = _ASAN_SCRIPT.format(emu=str(ROOT / "aiter_sage" / "emu.py"), src=str(CHECKS_PROBE))
+    script = _ASAN_SCRIPT.format(pkgdir=str(ROOT / "aiter_sage"), src=str(CHECKS_PROBE))
 
     def run(kernel):
         return subprocess.run([sys.executable, "-c", script, kernel], env=env,
@@ -456,16 +437,34 @@ def test_asan_probe():
     assert "probe_global_oob" in r.stderr
 
 
+_PRODUCT_ASAN_SCRIPT = textwrap.dedent("""
+    import torch, aiter_sage
+    from aiter_sage import ref
+    q, k, v = (torch.randn(2, 200, 2, 128).bfloat16() for _ in range(3))
+    p = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="emu")
+    r = ref.prepare(q, k, v, 128 ** -0.5)
+    bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(p[:6], r[:6]))
+    out = aiter_sage.gfx1201_sage_attention_fwd(p, backend="emu")
+    assert ref.in_band(ref.accuracy(out, ref.attention_fp32(q, k, v, 128 ** -0.5)))
+    print("PRODUCT-OK")
+""")
+
+
+def test_product_modules_under_asan():
+    """The shipped gfx12 prepare/attention, built with ASan, run clean on the emulator."""
+    if not HAVE_CLANG or not (ROOT / "csrc" / "gfx12" / "attention.hip").exists():
+        _skip("clang++ or the gfx12 sources missing")
+    try:
+        env = emu.asan_env()
+    except emu.EmuError as e:
+        _skip(str(e))
+    env["AITER_SAGE_EMU_ASAN"] = "1"
+    r = subprocess.run([sys.executable, "-c", _PRODUCT_ASAN_SCRIPT], env=env, cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "PRODUCT-OK" in r.stdout, r.stdout + r.stderr[-4000:]
+    assert "AddressSanitizer" not in r.stderr, r.stderr[-4000:]
+
+
 if __name__ == "__main__":
-    failed = 0
-    for name, fn in list(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-                print(f"PASS {name}")
-            except _Skip as e:
-                print(f"SKIP {name}: {e}")
-            except Exception as e:  # noqa: BLE001
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}")
-    sys.exit(1 if failed else 0)
+    run_as_script(__file__)

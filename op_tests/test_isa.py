@@ -4,15 +4,10 @@ For gfx1201 and gfx1200: the attention kernel's main loop contains both WMMA kin
 Q·Kᵀ, fp8 for P·V), no kernel uses scratch, and every kernel reaches the occupancy it was
 designed for (csrc/gfx12/README.md). Runnable as a script or under pytest."""
 
-import shutil
-import sys
-import tempfile
-from pathlib import Path
+import pytest
+from common import run_as_script
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from aiter_sage import isa  # noqa: E402
+from aiter_sage import isa, jit_driver
 
 ARCHS = ("gfx1201", "gfx1200")
 # Designed occupancy (waves per SIMD). Attention: 251 VGPRs -> 5 (264-VGPR allocation);
@@ -23,23 +18,18 @@ TARGET_WAVES = {
     "sage_prepare_v_scale_kernel": 12,
     "sage_prepare_v_quant_kernel": 12,
 }
-_TOOLS = ("clang++", "llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler")
-_CACHE = {}
+_TOOLS = ("llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler")
 
 
 def _reports(arch):
     missing = [t for t in _TOOLS if not isa.tool(t)]
     if missing:
-        import pytest
         pytest.skip(f"LLVM tools missing: {', '.join(missing)} (apt install clang-19 llvm-19)")
-    if "built" not in _CACHE:
-        tmp = Path(tempfile.mkdtemp(prefix="sage_isa_"))
-        _CACHE["built"] = isa.build_modules(tmp, ARCHS)  # one build, both code objects
-        _CACHE["tmp"] = tmp
-    if arch not in _CACHE:
-        _CACHE[arch] = {k.name: k for so in _CACHE["built"].values()
-                        for k in isa.analyze_so(so, arch)}
-    return _CACHE[arch]
+    try:
+        built = isa.build_modules(arch)  # the JIT's own build for this arch
+    except jit_driver.CompilerNotFound as e:
+        pytest.skip(str(e))
+    return {k.name: k for so in built.values() for k in isa.analyze_so(so, arch)}
 
 
 def _check_arch(arch):
@@ -66,16 +56,4 @@ def test_isa_gfx1200():
 
 
 if __name__ == "__main__":
-    fails = 0
-    for arch in ARCHS:
-        try:
-            _check_arch(arch)
-            print(f"PASS {arch}")
-            print(isa.format_report(arch, {so: isa.analyze_so(so, arch)
-                                           for so in _CACHE["built"].values()}))
-        except Exception as e:  # noqa: BLE001
-            fails += 1
-            print(f"FAIL {arch}: {e!r}")
-    if "tmp" in _CACHE:
-        shutil.rmtree(_CACHE["tmp"], ignore_errors=True)
-    sys.exit(1 if fails else 0)
+    run_as_script(__file__)
