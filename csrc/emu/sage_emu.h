@@ -178,17 +178,24 @@ inline void sage_gstore(void* p, int64_t byte_offset, T v, SAGE_EMU_SITE_PARAMS)
   memcpy(a, &v, sizeof(T));
 }
 
-// ds_bpermute-based xor shuffle within the 32-lane wave.
-inline int sage_shfl_xor(int v, int mask, SAGE_EMU_SITE_PARAMS) {
+namespace sage_emu {
+// A cross-lane op on one 32-bit value per lane: all live lanes arrive, then it runs once.
+inline int lane_op(Op op, int v, int arg, const Site& site) {
   int out;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kShflXor;
-  r.site = SAGE_EMU_SITE;
-  r.arg = mask;
+  OpRequest r{};
+  r.op = op;
+  r.site = site;
+  r.arg = arg;
   r.src[0] = &v;
   r.dst = &out;
-  sage_emu::wave_sync(r);
+  wave_sync(r);
   return out;
+}
+}  // namespace sage_emu
+
+// ds_bpermute-based xor shuffle within the 32-lane wave.
+inline int sage_shfl_xor(int v, int mask, SAGE_EMU_SITE_PARAMS) {
+  return sage_emu::lane_op(sage_emu::Op::kShflXor, v, mask, SAGE_EMU_SITE);
 }
 inline float sage_shfl_xor(float v, int mask, SAGE_EMU_SITE_PARAMS) {
   return __builtin_bit_cast(
@@ -196,15 +203,7 @@ inline float sage_shfl_xor(float v, int mask, SAGE_EMU_SITE_PARAMS) {
                            sage_site_col_));
 }
 inline int sage_readlane(int v, int lane, SAGE_EMU_SITE_PARAMS) {
-  int out;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kReadLane;
-  r.site = SAGE_EMU_SITE;
-  r.arg = lane;
-  r.src[0] = &v;
-  r.dst = &out;
-  sage_emu::wave_sync(r);
-  return out;
+  return sage_emu::lane_op(sage_emu::Op::kReadLane, v, lane, SAGE_EMU_SITE);
 }
 inline float sage_readlane(float v, int lane, SAGE_EMU_SITE_PARAMS) {
   return __builtin_bit_cast(
