@@ -10,6 +10,7 @@ modules are left to the JIT unless gfx1201 or gfx1200 is listed. Nothing here ne
 import importlib.util
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -22,6 +23,7 @@ def _load_driver():
     spec = importlib.util.spec_from_file_location("_aiter_sage_jit_driver",
                                                   ROOT / "aiter_sage" / "jit_driver.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up by name
     spec.loader.exec_module(mod)
     return mod
 

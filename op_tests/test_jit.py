@@ -190,5 +190,39 @@ def test_gpu_archs_env_overrides_cfg(monkeypatch):
     assert jit_driver.configured_archs() == ["gfx942"]
 
 
+def _setup_build_py(tmp_path, archs: str) -> Path:
+    out = tmp_path / f"lib-{archs.replace(';', '_')}"
+    env = dict(os.environ, PREBUILD_KERNELS="1", GPU_ARCHS=archs,
+               AITER_SAGE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out / "aiter_sage"
+
+
+def test_setup_prebuild_includes_gfx12_only_when_listed(tmp_path, monkeypatch):
+    """PREBUILD_KERNELS=1: the gfx1201 modules are built for gfx1201/gfx1200, else left out."""
+    try:
+        jit_driver.toolchain_for("gfx1201")
+    except jit_driver.CompilerNotFound as e:
+        pytest.skip(str(e))
+    pkg = _setup_build_py(tmp_path, "gfx942;gfx1100")
+    assert (pkg / "_csrc" / "gfx12" / "attention.hip").is_file()
+    assert not list((pkg / "_prebuilt").rglob("*.so")) if (pkg / "_prebuilt").exists() else True
+    pkg = _setup_build_py(tmp_path, "gfx1201;gfx942;gfx1200")
+    built = sorted(p.relative_to(pkg / "_prebuilt") for p in (pkg / "_prebuilt").rglob("*.so"))
+    names = {(p.parts[0], p.name.rsplit("-", 1)[0]) for p in built}
+    assert names == {(a, m) for a in ("gfx1201", "gfx1200") for m in MODULES.KERNEL_MODULES}
+    assert len(built) == 4
+    # The prebuilt files are what ensure_module takes first for a matching source tree,
+    # without running a compiler.
+    monkeypatch.setattr(jit_driver, "prebuilt_root", lambda: pkg / "_prebuilt")
+    monkeypatch.setattr(jit_driver, "toolchain_for", lambda t: pytest.fail("compiler used"))
+    for arch in ("gfx1201", "gfx1200"):
+        so = jit_driver.ensure_module("module_gfx1201_sage_attention", arch)
+        assert so.parent == pkg / "_prebuilt" / arch
+        assert b"sage_attention_fwd_kernel" in so.read_bytes()
+
+
 if __name__ == "__main__":
     run_as_script(__file__)
