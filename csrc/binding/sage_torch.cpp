@@ -138,12 +138,13 @@ void check_bshd(const at::Tensor& t, const char* name) {
                     "aiter_sage: ", name, " is too large (shape ", t.sizes(), ")");
 }
 
-// GPU kernels use 128-bit loads: copy inputs whose rows are not 16-byte aligned.
+// GPU kernels use 128-bit loads: copy a tensor whose rows are not 16-byte aligned (a fresh
+// contiguous allocation is). CPU kernels take any layout with a contiguous last dim.
 at::Tensor aligned_for(const at::Tensor& t) {
   if (t.is_cpu()) return t;
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int d = 0; d < 3; ++d) ok = ok && (t.stride(d) % 8 == 0);
-  return ok ? t : t.contiguous();
+  for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.stride(d) % 8 == 0);
+  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 void check_same_shape_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -234,8 +235,8 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   if (nr.q_weight) {
     check_vector_bf16(*nr.q_weight, "q_norm_weight", device);
     check_vector_bf16(*nr.k_weight, "k_norm_weight", device);
-    qw = nr.q_weight->contiguous();
-    kw = nr.k_weight->contiguous();
+    qw = aligned_for(nr.q_weight->contiguous());
+    kw = aligned_for(nr.k_weight->contiguous());
     p.q_norm_weight = ptr_of<sage_bf16_t>(qw);
     p.k_norm_weight = ptr_of<sage_bf16_t>(kw);
   }
@@ -247,8 +248,8 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
     check_rope_table(*nr.sin, "rope_sin", Sq, device);
     TORCH_CHECK_VALUE(nr.cos->sizes() == nr.sin->sizes(), "aiter_sage: rope_cos and rope_sin ",
                       "must have the same shape, got ", nr.cos->sizes(), " and ", nr.sin->sizes());
-    cos = nr.cos->contiguous();
-    sin = nr.sin->contiguous();
+    cos = aligned_for(nr.cos->contiguous());
+    sin = aligned_for(nr.sin->contiguous());
     p.rope_cos = ptr_of<sage_bf16_t>(cos);
     p.rope_sin = ptr_of<sage_bf16_t>(sin);
     p.rope_dim = int32_t(cos.size(1));
