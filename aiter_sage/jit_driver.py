@@ -198,8 +198,10 @@ def _cpu_toolchain() -> Toolchain:
     cxx = _host_cxx()
     if not cxx:
         raise _missing("cpu", "cpu")
-    return Toolchain("cpu", cxx, ("-std=c++17", "-O3", "-fPIC", "-pthread") + _include_flags(),
-                     ("-shared", "-pthread"))
+    # ISO C++ and no FP contraction: prepare's bit-exactness must not depend on a compiler
+    # fusing a multiply into an add. Per-ISA code is selected at run time (no -march).
+    flags = ("-std=c++17", "-O3", "-fPIC", "-pthread", "-ffp-contract=off", "-fvisibility=hidden")
+    return Toolchain("cpu", cxx, flags + _include_flags(), ("-shared", "-pthread"))
 
 
 def _torch_toolchain() -> Toolchain:

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from . import jit_driver
+from . import ref
 from .ref import HEAD_DIM, SCALE_BLOCK, SEQ_ALIGN, Prepared
 
 OP_NAMES = ("gfx1201_sage_prepare", "gfx1201_sage_attention_fwd", "gfx1201_sage_attention")
@@ -127,7 +128,7 @@ def _register_fakes() -> None:
                 q.new_empty((b, h, sqp // SCALE_BLOCK), dtype=torch.float32),
                 q.new_empty((b, h, skp, HEAD_DIM), dtype=torch.int8),
                 q.new_empty((b, h, skp // SCALE_BLOCK), dtype=torch.float32),
-                q.new_empty((b, h, HEAD_DIM, skp), dtype=torch.float8_e4m3fn),
+                q.new_empty((b, h, HEAD_DIM, skp), dtype=torch.uint8),
                 q.new_empty((b, h, HEAD_DIM), dtype=torch.float32))
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention_fwd")
@@ -157,7 +158,9 @@ def gfx1201_sage_prepare(q, k, v, softmax_scale=None, *, q_norm_weight=None, k_n
     out = torch.ops.aiter.gfx1201_sage_prepare(
         q, k, v, softmax_scale, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
         norm_eps=norm_eps, rope_cos=rope_cos, rope_sin=rope_sin, backend=backend)
-    return Prepared(*out, q.shape[1], k.shape[1])
+    q8, q_scale, k8, k_scale, v8_bits, v_scale = out
+    return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale,
+                    q.shape[1], k.shape[1])
 
 
 def gfx1201_sage_attention_fwd(prepared: Prepared, *, backend=None) -> torch.Tensor:
@@ -166,8 +169,10 @@ def gfx1201_sage_attention_fwd(prepared: Prepared, *, backend=None) -> torch.Ten
     if not isinstance(prepared, Prepared):
         raise TypeError("aiter_sage: gfx1201_sage_attention_fwd expects the Prepared tuple that "
                         f"gfx1201_sage_prepare returned, got {type(prepared).__name__}")
-    return torch.ops.aiter.gfx1201_sage_attention_fwd(*prepared[:6], prepared.q_len,
-                                                      prepared.kv_len, backend=backend)
+    q8, q_scale, k8, k_scale, v8, v_scale = prepared[:6]
+    return torch.ops.aiter.gfx1201_sage_attention_fwd(
+        q8, q_scale, k8, k_scale, ref.fp8_bits(v8), v_scale, prepared.q_len, prepared.kv_len,
+        backend=backend)
 
 
 def gfx1201_sage_attention(q, k, v, softmax_scale=None, *, is_causal=False, attn_mask=None,

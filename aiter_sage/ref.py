@@ -135,7 +135,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         n //= 2
         p = p[..., :n] + p[..., n : 2 * n]
     mean = p[..., 0] / float(HEAD_DIM)
-    inv = torch.div(torch.ones_like(mean), torch.sqrt(mean + _f32(eps)))
+    # torch's vectorised float32 sqrt is not always correctly rounded; the square root of a
+    # float32 computed in float64 and rounded once is (53 >= 2*24 + 2 bits).
+    root = torch.sqrt((mean + _f32(eps)).double()).float()
+    inv = torch.div(torch.ones_like(mean), root)
     y = (xf * inv[..., None]).to(torch.bfloat16)
     return y * weight.to(torch.bfloat16)
 

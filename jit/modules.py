@@ -36,7 +36,8 @@ MODULES: dict[str, ModuleSpec] = {
             sources={
                 "hip": ("gfx12/prepare.hip",),
                 "emu": ("gfx12/prepare.hip",) + EMU_RUNTIME,
-                "cpu": ("cpu/prepare.cpp",),
+                "cpu": ("cpu/prepare.cpp", "cpu/prepare_scalar.cpp", "cpu/prepare_avx2.cpp",
+                        "cpu/prepare_avx512.cpp", "cpu/cpu_runtime.cpp"),
             },
             entry="sage_prepare_launch",
         ),
@@ -46,7 +47,8 @@ MODULES: dict[str, ModuleSpec] = {
             sources={
                 "hip": ("gfx12/attention.hip",),
                 "emu": ("gfx12/attention.hip",) + EMU_RUNTIME,
-                "cpu": ("cpu/attention.cpp",),
+                "cpu": ("cpu/attention.cpp", "cpu/attention_scalar.cpp", "cpu/attention_avx2.cpp",
+                        "cpu/attention_avx512.cpp", "cpu/cpu_runtime.cpp"),
             },
             entry="sage_attention_launch",
         ),

@@ -136,9 +136,10 @@ def test_opcheck_all_ops():
     qs, ks, vs = qkv(1, 40, 40, 2, seed=92)
     torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (qs, ks, vs, SCALE),
                           dict(q_norm_weight=qw, k_norm_weight=kw, rope_cos=cos, rope_sin=sin))
-    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, SCALE)
+    prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE)  # v8 as uint8 bits
+    assert prepared[4].dtype == torch.uint8
     torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention_fwd.default,
-                          (*prep[:6], prep.q_len, prep.kv_len))
+                          (*prepared, q.shape[1], k.shape[1]))
 
 
 def test_torch_compile_fullgraph():

@@ -262,8 +262,9 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor q_scale = at::empty({B, H, sage::scale_blocks(p.q_len_pad)}, f32);
   at::Tensor k8 = at::empty({B, H, p.kv_len_pad, SAGE_HEAD_DIM}, i8);
   at::Tensor k_scale = at::empty({B, H, sage::scale_blocks(p.kv_len_pad)}, f32);
-  at::Tensor v8 = at::empty({B, H, SAGE_HEAD_DIM, p.kv_len_pad},
-                            q.options().dtype(at::kFloat8_e4m3fn));
+  // Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's schema check,
+  // comparisons) does not support float8 inputs; the Python API views them as float8_e4m3fn.
+  at::Tensor v8 = at::empty({B, H, SAGE_HEAD_DIM, p.kv_len_pad}, q.options().dtype(at::kByte));
   at::Tensor v_scale = at::empty({B, H, SAGE_HEAD_DIM}, f32);
   p.q8 = q8.data_ptr<int8_t>();
   p.q_scale = q_scale.data_ptr<float>();
@@ -282,8 +283,11 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
 // ---------------------------------------------------------------------------------------------
 void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
                     at::IntArrayRef shape, const at::Device& device) {
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "aiter_sage: prepared ", name, " must be ", dtype,
-                   ", got ", t.scalar_type());
+  // v8 may come as uint8 bits (the op's own output) or as a float8_e4m3fn view of them.
+  const bool ok = t.scalar_type() == dtype ||
+                  (dtype == at::kByte && t.scalar_type() == at::kFloat8_e4m3fn);
+  TORCH_CHECK_TYPE(ok, "aiter_sage: prepared ", name, " must be ", dtype, ", got ",
+                   t.scalar_type());
   TORCH_CHECK_VALUE(t.sizes() == shape, "aiter_sage: prepared ", name, " must have shape ", shape,
                     ", got ", t.sizes(), " (pass the tensors gfx1201_sage_prepare returned)");
   TORCH_CHECK_VALUE(t.is_contiguous(), "aiter_sage: prepared ", name, " must be contiguous");
@@ -307,7 +311,7 @@ at::Tensor fwd_checked(const at::Tensor& q8, const at::Tensor& q_scale, const at
   check_prepared(q_scale, "q_scale", at::kFloat, {B, H, sage::scale_blocks(sq)}, device);
   check_prepared(k8, "k8", at::kChar, {B, H, skv, SAGE_HEAD_DIM}, device);
   check_prepared(k_scale, "k_scale", at::kFloat, {B, H, sage::scale_blocks(skv)}, device);
-  check_prepared(v8, "v8", at::kFloat8_e4m3fn, {B, H, SAGE_HEAD_DIM, skv}, device);
+  check_prepared(v8, "v8", at::kByte, {B, H, SAGE_HEAD_DIM, skv}, device);
   check_prepared(v_scale, "v_scale", at::kFloat, {B, H, SAGE_HEAD_DIM}, device);
 
   at::Tensor out = at::empty({B, q_len, H, SAGE_HEAD_DIM}, q8.options().dtype(at::kBFloat16));

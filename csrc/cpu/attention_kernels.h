@@ -1,0 +1,22 @@
+// aiter_sage cpu attention: the per-tier entry points (attention_kernel.inc compiled per ISA).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include "sage/params.h"
+
+namespace sage_cpu {
+
+struct AttentionKernels {
+  // Independent work items (heads x query blocks), in head-major order.
+  int64_t (*work_items)(const SageParams& p);
+  // Scratch bytes one worker needs (64-byte aligned base).
+  size_t (*workspace_bytes)(const SageParams& p);
+  // Runs items [begin, end) with one worker's scratch.
+  void (*run_items)(const SageParams& p, int64_t begin, int64_t end, void* scratch);
+};
+
+extern const AttentionKernels kAttentionScalar;
+extern const AttentionKernels kAttentionAvx2;
+extern const AttentionKernels kAttentionAvx512;
+
+}  // namespace sage_cpu

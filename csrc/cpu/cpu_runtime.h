@@ -1,0 +1,77 @@
+// aiter_sage cpu backend: what every cpu translation unit shares — the ISA tiers and their
+// run-time selection, and a small std::thread parallel-for (no OpenMP: torch ships its own
+// runtime, and two OpenMP runtimes in one process fight over threads).
+//
+// Exactness note: prepare must be bit-identical to aiter_sage/ref.py, so no a*b+c may be
+// contracted into an FMA in the arithmetic it shares with quant.h. GCC with -std=c++17 (ISO
+// mode) already uses -ffp-contract=off; clang contracts within an expression by default, so
+// we turn that off for every cpu source here. (With -std=gnu++17, GCC would contract: keep
+// the ISO -std flag, or add -ffp-contract=off, for this module.)
+#pragma once
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+
+#include <stdint.h>
+#include <exception>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sage/params.h"
+
+namespace sage_cpu {
+
+// Code tiers, from portable to widest. Each tier computes bit-identical prepare outputs; the
+// attention of every tier is inside ref.BAND (they differ in P's rounding: BF16 vs FP32).
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+const char* isa_name(Isa isa);
+// The tier to run: AITER_SAGE_CPU_ISA=scalar|avx2|avx512 if set (an error if this CPU lacks
+// it), else the widest one the CPU supports. Returns false and sets the module error on a
+// bad request.
+bool select_isa(Isa* out);
+
+// Worker threads for a launch: p.num_threads, or the hardware concurrency when <= 0, never
+// more than there are work items.
+int resolve_threads(int32_t requested, int64_t work_items);
+
+// Runs body(begin, end, worker) over [0, n) in `threads` contiguous, near-equal slices (slice
+// w goes to worker w; the calling thread is worker 0). Contiguous slices keep each worker on
+// as few heads as possible, which is what the attention's per-head caches rely on. An
+// exception thrown by any worker is rethrown here after all workers have joined.
+template <class Body>
+void parallel_slices(int64_t n, int threads, const Body& body) {
+  if (n <= 0) return;
+  if (threads <= 1 || n == 1) {
+    body(int64_t(0), n, 0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(threads);
+  auto run = [&](int w) {
+    int64_t begin = n * w / threads, end = n * (w + 1) / threads;
+    try {
+      if (begin < end) body(begin, end, w);
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(threads - 1);
+  int spawned = 1;
+  try {
+    for (; spawned < threads; ++spawned) pool.emplace_back(run, spawned);
+  } catch (...) {
+    // Could not start a thread (resource limits): do its slices on this thread instead.
+  }
+  run(0);
+  for (int w = spawned; w < threads; ++w) run(w);
+  for (auto& t : pool) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Common launch checks shared by both modules; returns false with the module error set.
+bool check_common(const SageParams* p);
+
+}  // namespace sage_cpu

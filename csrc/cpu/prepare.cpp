@@ -1,0 +1,85 @@
+// aiter_sage cpu backend, module module_gfx1201_sage_prepare: BF16 Q/K/V -> INT8 Q/K with
+// per-32-row scales and transposed FP8 V with per-channel scales, bit-identical to
+// aiter_sage/ref.py prepare (the arithmetic is in prepare_kernel.inc, compiled per ISA tier).
+//
+// Work is split in two phases over std::threads:
+//   1. every 32-row block of Q and of K, and every head's V channel scales;
+//   2. every 64-key chunk of V (needs its head's scales from phase 1).
+// Every byte of the prepared tensors is written, padding included (the binding allocates them
+// with torch.empty).
+#include <new>
+
+#include "cpu/cpu_runtime.h"
+#include "cpu/prepare_kernels.h"
+#include "sage/layout.h"
+#include "sage/module_abi.h"
+#include "sage/quant.h"
+
+SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=cpu")
+
+namespace sage_cpu {
+namespace {
+
+const PrepareKernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return kPrepareAvx512;
+    case Isa::kAvx2: return kPrepareAvx2;
+    case Isa::kScalar: break;
+  }
+  return kPrepareScalar;
+}
+
+bool check_prepare(const SageParams* p) {
+  if (!check_common(p)) return false;
+  if (!p->q || !p->k || !p->v) return !sage::set_error("null q/k/v input pointer");
+  if (!p->q_norm_weight != !p->k_norm_weight)
+    return !sage::set_error("q_norm_weight and k_norm_weight must be given together");
+  if (!p->rope_cos != !p->rope_sin)
+    return !sage::set_error("rope_cos and rope_sin must be given together");
+  if (p->rope_cos) {
+    if (!sage::rope_dim_supported(p->rope_dim))
+      return !sage::set_error("rope_dim %d is not supported (32, 64, 96 or 128)", p->rope_dim);
+    if (p->q_len != p->kv_len)
+      return !sage::set_error("rope needs q_len == kv_len (got %d and %d)", p->q_len, p->kv_len);
+  }
+  return true;
+}
+
+void run_prepare(const SageParams& p, const PrepareKernels& k) {
+  const int64_t heads = int64_t(p.batch) * p.heads;
+  const int64_t q_blocks = sage::scale_blocks(p.q_len_pad);
+  const int64_t k_blocks = sage::scale_blocks(p.kv_len_pad);
+  const int64_t v_chunks = p.kv_len_pad / kPrepareVChunk;
+
+  // Phase 1 items, head by head: that head's Q blocks, its K blocks, then its V scales, so
+  // contiguous slices get a similar mix of work.
+  const int64_t per_head = q_blocks + k_blocks + 1, n1 = heads * per_head;
+  parallel_slices(n1, resolve_threads(p.num_threads, n1), [&](int64_t lo, int64_t hi, int) {
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t head = i / per_head, j = i % per_head;
+      if (j < q_blocks) k.qk_block(p, true, head, j);
+      else if (j < q_blocks + k_blocks) k.qk_block(p, false, head, j - q_blocks);
+      else k.v_scales(p, head);
+    }
+  });
+  const int64_t n2 = heads * v_chunks;
+  parallel_slices(n2, resolve_threads(p.num_threads, n2), [&](int64_t lo, int64_t hi, int) {
+    for (int64_t i = lo; i < hi; ++i) k.v_chunk(p, i / v_chunks, i % v_chunks);
+  });
+}
+
+}  // namespace
+}  // namespace sage_cpu
+
+SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
+  using namespace sage_cpu;
+  if (!check_prepare(p)) return 1;
+  Isa isa;
+  if (!select_isa(&isa)) return 1;
+  try {
+    run_prepare(*p, kernels_for(isa));
+  } catch (const std::exception& e) {
+    return sage::set_error("cpu prepare failed: %s", e.what());
+  }
+  return 0;
+}

@@ -1,0 +1,23 @@
+// aiter_sage cpu prepare: the per-tier entry points (prepare_kernel.inc compiled per ISA).
+#pragma once
+#include <stdint.h>
+#include "cpu/cpu_runtime.h"
+#include "sage/params.h"
+
+namespace sage_cpu {
+
+struct PrepareKernels {
+  // One 32-row scale block of Q (is_q) or K of linear head `head` (= b * heads + h).
+  void (*qk_block)(const SageParams& p, bool is_q, int64_t head, int64_t block);
+  // Per-channel V scales of one head (run before that head's v_chunk items).
+  void (*v_scales)(const SageParams& p, int64_t head);
+  // One chunk of kPrepareVChunk keys of V: quantize and transpose.
+  void (*v_chunk)(const SageParams& p, int64_t head, int64_t chunk);
+};
+constexpr int kPrepareVChunk = 64;  // must equal kVChunk in prepare_kernel.inc
+
+extern const PrepareKernels kPrepareScalar;
+extern const PrepareKernels kPrepareAvx2;
+extern const PrepareKernels kPrepareAvx512;
+
+}  // namespace sage_cpu

@@ -1,0 +1,113 @@
+// aiter_sage cpu attention, avx512 tier operand layer (AVX-512 F/BW/VL + VNNI + BF16).
+// Included inside an anonymous namespace and a target region by attention_avx512.cpp; the
+// kernel (attention_kernel.inc) sees only the names below. One vector = 16 query rows.
+//
+//   Q.K^T: vpdpbusd multiplies unsigned by signed bytes, so Q is stored offset by +128
+//          (q ^ 0x80) and 128 * sum_c k[c] is subtracted per key afterwards; K words are
+//          4 signed channels broadcast from the key's row.
+//   P.V:   vdpbf16ps on pairs of keys: a P word holds (P[key 2i], P[key 2i+1]) of one row in
+//          BF16, a V word the same two keys of one channel (V e4m3 values are exact in BF16).
+
+constexpr int kLanes = 16;
+using VF = __m512;
+using VI = __m512i;
+
+constexpr int kQkChansPerWord = 4;
+constexpr int kPvKeysPerWord = 2;
+using VElem = uint16_t;  // decoded V element: BF16 bits
+
+inline VF vf_zero() { return _mm512_setzero_ps(); }
+inline VF vf_set1(float x) { return _mm512_set1_ps(x); }
+inline VF vf_load(const float* p) { return _mm512_load_ps(p); }
+inline void vf_store(float* p, VF x) { _mm512_store_ps(p, x); }
+inline VF vf_add(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF vf_sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+inline VF vf_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vf_max(VF a, VF b) { return _mm512_max_ps(a, b); }
+inline VI vi_zero() { return _mm512_setzero_si512(); }
+inline VI vi_load(const uint32_t* p) { return _mm512_load_si512(p); }
+inline void vi_store(uint32_t* p, VI x) { _mm512_store_si512(p, x); }
+// float(acc - correction): exact integers below 2^24 in magnitude (|dot| <= 128*255*127).
+inline VF vi_dot_to_f32(VI acc, int32_t correction) {
+  return _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_set1_epi32(correction)));
+}
+
+// 2^x to ~1e-7 relative: x = n + f with n = rint(x), |f| <= 1/2, 2^f by its degree-6 Taylor
+// polynomial, then vscalefps applies 2^n (underflowing to exact 0). Clamping at -200 first
+// makes exp2(-inf) (masked keys, the first tile's m = -inf) an exact 0 instead of NaN.
+inline VF vf_exp2(VF x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VF f = _mm512_sub_ps(x, n);
+  VF p = _mm512_set1_ps(1.5403530393381606e-4f);                       // ln2^6 / 6!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 5!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 4!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 3!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));  // ln2^2 / 2!
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));  // ln2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Q word `word` of one row: channels 4w..4w+3, offset to unsigned.
+inline uint32_t pack_q_word(const int8_t* q_row, int word) {
+  uint32_t w;
+  memcpy(&w, q_row + word * kQkChansPerWord, 4);
+  return w ^ 0x80808080u;
+}
+// K words of one key (its 128 bytes as 32 words) and the offset correction 128 * sum(k).
+inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
+  memcpy(words, k_row, SAGE_HEAD_DIM);
+  __m512i k = _mm512_loadu_si512(k_row), k2 = _mm512_loadu_si512(k_row + 64);
+  // sum of signed bytes via vpdpbusd with all-ones unsigned bytes
+  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), k);
+  s = _mm512_dpbusd_epi32(s, _mm512_set1_epi8(1), k2);
+  return 128 * _mm512_reduce_add_epi32(s);
+}
+// GCC 12 fails to coalesce the tied accumulator of the VNNI/BF16 dot-product builtins inside
+// the register-tiled loops (it copies every accumulator twice per step, ~10% slower); the same
+// instruction through inline asm with an in-out operand allocates cleanly. Clang is fine.
+#if defined(__GNUC__) && !defined(__clang__)
+#define SAGE_CPU_DOT_ASM 1
+#endif
+inline VI qk_fma(VI acc, VI q_words, uint32_t k_word) {
+  const VI k = _mm512_set1_epi32(int32_t(k_word));
+#ifdef SAGE_CPU_DOT_ASM
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(q_words), "v"(k));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, q_words, k);
+#endif
+}
+
+// Two keys' P vectors -> one P word vector: lane r = (bf16 p0[r], bf16 p1[r]).
+inline VI pack_p_words(const VF* p) {
+  __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);  // [p0 rows 0..15 | p1 rows 0..15]
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                              24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                              16, 0);
+  return _mm512_permutexvar_epi16(interleave, both);
+}
+inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
+  const VI v = _mm512_set1_epi32(int32_t(v_word));
+#ifdef SAGE_CPU_DOT_ASM
+  asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(p_words), "v"(v));
+  return acc;
+#else
+  return _mm512_dpbf16_ps(acc, (__m512bh)p_words, (__m512bh)v);
+#endif
+}
+// e4m3 bits -> decoded V element (BF16 bits; exact).
+inline VElem decode_v(uint8_t b) {
+  return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);
+}
+// One output row: column `r` of O^T [128][block_q] (already final values) -> BF16 row.
+inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
+  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
+                                                          3, 2, 1, 0),
+                                         _mm512_set1_epi32(col_stride));
+  for (int d = 0; d < SAGE_HEAD_DIM; d += 16) {
+    __m512 v = _mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4);
+    _mm256_storeu_si256((__m256i*)(dst + d), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+}

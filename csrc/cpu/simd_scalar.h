@@ -1,0 +1,60 @@
+// aiter_sage cpu attention, portable tier operand layer: plain C++ on 4-row "vectors" (the
+// compiler may map them onto SSE2). Same data flow as the SIMD tiers: Q.K^T on words of four
+// signed channels, P.V in FP32 one key per word, exp2 from libm.
+
+constexpr int kLanes = 4;
+struct VF { float v[kLanes]; };
+struct VI { int32_t v[kLanes]; };
+
+constexpr int kQkChansPerWord = 4;
+constexpr int kPvKeysPerWord = 1;
+using VElem = float;
+
+#define SAGE_LANEWISE(expr)              \
+  for (int i = 0; i < kLanes; ++i) expr; \
+  return r
+inline VF vf_zero() { VF r; SAGE_LANEWISE(r.v[i] = 0.0f); }
+inline VF vf_set1(float x) { VF r; SAGE_LANEWISE(r.v[i] = x); }
+inline VF vf_load(const float* p) { VF r; SAGE_LANEWISE(r.v[i] = p[i]); }
+inline void vf_store(float* p, VF x) { for (int i = 0; i < kLanes; ++i) p[i] = x.v[i]; }
+inline VF vf_add(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] + b.v[i]); }
+inline VF vf_sub(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] - b.v[i]); }
+inline VF vf_mul(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] * b.v[i]); }
+inline VF vf_max(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+inline VI vi_zero() { VI r; SAGE_LANEWISE(r.v[i] = 0); }
+inline VI vi_load(const uint32_t* p) { VI r; SAGE_LANEWISE(r.v[i] = int32_t(p[i])); }
+inline void vi_store(uint32_t* p, VI x) { for (int i = 0; i < kLanes; ++i) p[i] = uint32_t(x.v[i]); }
+inline VF vi_dot_to_f32(VI acc, int32_t correction) {
+  VF r; SAGE_LANEWISE(r.v[i] = float(acc.v[i] - correction));
+}
+inline VF vf_exp2(VF x) { VF r; SAGE_LANEWISE(r.v[i] = exp2f(x.v[i])); }
+
+inline uint32_t pack_q_word(const int8_t* q_row, int word) {
+  uint32_t w;
+  memcpy(&w, q_row + word * kQkChansPerWord, 4);
+  return w;
+}
+inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
+  memcpy(words, k_row, SAGE_HEAD_DIM);
+  return 0;
+}
+inline int32_t dot4_i8(uint32_t a, uint32_t b) {
+  int32_t s = 0;
+  for (int j = 0; j < 4; ++j) s += int32_t(int8_t(a >> (8 * j))) * int32_t(int8_t(b >> (8 * j)));
+  return s;
+}
+inline VI qk_fma(VI acc, VI q_words, uint32_t k_word) {
+  VI r; SAGE_LANEWISE(r.v[i] = acc.v[i] + dot4_i8(uint32_t(q_words.v[i]), k_word));
+}
+inline VI pack_p_words(const VF* p) {
+  VI r; SAGE_LANEWISE(r.v[i] = __builtin_bit_cast(int32_t, p[0].v[i]));
+}
+inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
+  const float vv = __builtin_bit_cast(float, v_word);
+  VF r; SAGE_LANEWISE(r.v[i] = acc.v[i] + __builtin_bit_cast(float, p_words.v[i]) * vv);
+}
+#undef SAGE_LANEWISE
+inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
+inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
+  for (int d = 0; d < SAGE_HEAD_DIM; ++d) dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
+}
