@@ -1,31 +1,5 @@
-// aiter_sage cpu attention, avx2 tier: simd_avx2.h + attention_kernel.inc compiled for this ISA.
-// Every header is included before the target region (see isa_region.h). Off x86 the tier is
-// an empty table that select_isa never picks.
-#include <math.h>
-#include <string.h>
-
-#include "cpu/attention_kernels.h"
-#include "cpu/cpu_runtime.h"
-#include "cpu/isa_region.h"
-#include "sage/layout.h"
-#include "sage/quant.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
+// aiter_sage cpu attention, AVX2 tier.
 #define SAGE_CPU_TARGET "avx2,fma"
-#include "cpu/isa_region_begin.h"
-namespace {
-#include "cpu/simd_avx2.h"
-#include "cpu/attention_kernel.inc"
-}  // namespace
-#include "cpu/isa_region_end.h"
-
-namespace sage_cpu {
-const AttentionKernels kAttentionAvx2 = {work_items, workspace_bytes, run_items};
-}  // namespace sage_cpu
-#else
-namespace sage_cpu {
-const AttentionKernels kAttentionAvx2 = {nullptr, nullptr, nullptr};
-}  // namespace sage_cpu
-#endif
+#define SAGE_CPU_SIMD_HEADER "cpu/simd_avx2.h"
+#define SAGE_CPU_TIER_TABLE kAttentionAvx2
+#include "cpu/attention_tier.inc"

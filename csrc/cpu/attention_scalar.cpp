@@ -1,18 +1,5 @@
-// aiter_sage cpu attention, portable tier: simd_scalar.h + attention_kernel.inc with no target
-// attributes (runs on any x86-64 or other host).
-#include <math.h>
-#include <string.h>
-
-#include "cpu/attention_kernels.h"
-#include "cpu/cpu_runtime.h"
-#include "sage/layout.h"
-#include "sage/quant.h"
-
-namespace {
-#include "cpu/simd_scalar.h"
-#include "cpu/attention_kernel.inc"
-}  // namespace
-
-namespace sage_cpu {
-const AttentionKernels kAttentionScalar = {work_items, workspace_bytes, run_items};
-}  // namespace sage_cpu
+// aiter_sage cpu attention, portable tier: no target attributes
+// (runs on any host; the compiler may still use the baseline SIMD, e.g. SSE2).
+#define SAGE_CPU_SIMD_HEADER "cpu/simd_scalar.h"
+#define SAGE_CPU_TIER_TABLE kAttentionScalar
+#include "cpu/attention_tier.inc"
