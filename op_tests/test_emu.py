@@ -28,7 +28,7 @@ import pytest
 from common import REPO as ROOT
 from common import run_as_script
 
-from aiter_sage import emu
+from aiter_sage import emu, jit_driver
 
 PROBES = ROOT / "op_tests" / "emu_probes"
 WMMA_PROBE = PROBES / "wmma_probe.hip"
@@ -351,10 +351,9 @@ def test_launch_config_errors():
     assert res.rc != 0 and "empty grid" in res.error
 
 
-def test_attention_shaped_probe_speed():
+def test_attention_shaped_probe_runs_clean():
     # ~64 WMMAs + ~100 other API calls per lane per 64-key tile, S = 512, H = 2, one thread.
-    import time
-
+    # (Its speed is measured by op_benchmarks, not asserted here.)
     mod = _module(PROBES / "bench_probe.hip")
     rng = np.random.default_rng(6)
     S, H, D = 512, 2, 128
@@ -362,22 +361,18 @@ def test_attention_shaped_probe_speed():
     k8 = rng.integers(-127, 128, (H, S, D), dtype=np.int8)
     v8 = rng.integers(0, 0x7E, (H, D, S), dtype=np.uint8)
     out = np.zeros((H, S, D), np.float32)
-    t0 = time.perf_counter()
     res = mod.run("bench_attention_like", (S // 64, H, 1), 128, [q8, k8, v8, out, S], threads=1)
-    dt = time.perf_counter() - t0
     assert res.ok, res.reports
     assert np.isfinite(out).all() and np.abs(out).sum() > 0
-    assert dt < 20.0, f"{dt:.1f} s"
 
 
 # ---------------------------------------------------------------- real gfx1201 compile
 def _gfx1201_asm(path):
-    cc = shutil.which("clang++-19")
-    if not cc:
-        _skip("clang++-19 not installed")
-    r = subprocess.run([cc, "-x", "hip", "--offload-arch=gfx1201", "-nogpulib", "-O3",
-                        "--cuda-device-only", "-S", str(path), "-o", "-",
-                        f"-I{ROOT / 'csrc' / 'include'}", f"-I{ROOT / 'csrc'}"],
+    try:  # the JIT's own gfx1201 compile, stopped at device assembly
+        tc = jit_driver.toolchain_for("gfx1201")
+    except jit_driver.CompilerNotFound as e:
+        _skip(str(e))
+    r = subprocess.run([tc.compiler, *tc.cflags, "--cuda-device-only", "-S", str(path), "-o", "-"],
                        capture_output=True, text=True)
     if r.returncode != 0 and "hip_runtime.h" in r.stderr:
         _skip("HIP headers not installed (libamdhip64-dev)")
@@ -464,6 +459,27 @@ def test_product_modules_under_asan():
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0 and "PRODUCT-OK" in r.stdout, r.stdout + r.stderr[-4000:]
     assert "AddressSanitizer" not in r.stderr, r.stderr[-4000:]
+
+
+def test_cli_runs_a_kernel_and_reports(tmp_path):
+    """python -m aiter_sage.emu: arrays in/out through .npy files, exit 1 on reports."""
+    if not HAVE_CLANG:
+        _skip("clang++ not installed")
+    src, dst = tmp_path / "in.npy", tmp_path / "out.npy"
+    np.save(src, np.arange(64, dtype=np.int32))
+    np.save(dst, np.zeros(64, np.int32))
+
+    def cli(kernel):
+        return subprocess.run([sys.executable, "-m", "aiter_sage.emu", str(CHECKS_PROBE), kernel,
+                               "--grid", "1", "--block", "64", "--arg", str(src), "--arg",
+                               str(dst), "--write-back"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+
+    ok = cli("probe_lds_exchange")
+    assert ok.returncode == 0 and "ok: probe_lds_exchange" in ok.stdout, ok.stdout + ok.stderr
+    assert np.load(dst).any()  # written back
+    race = cli("probe_lds_race")
+    assert race.returncode == 1 and "[lds-race]" in race.stdout, race.stdout + race.stderr
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """gfx1201_sage_attention: the accuracy band against FP32 attention, the op contract, errors."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
-from common import (BACKENDS, backend_params, device_for, norm_weights, qkv, randn_bshd,
+from common import (REPO, BACKENDS, backend_params, device_for, norm_weights, qkv, randn_bshd,
                     rope_tables, run_as_script, skip_if_too_big)
 
 import aiter_sage
@@ -152,6 +155,39 @@ def test_torch_compile_fullgraph():
     eager = Block()(x)
     compiled = torch.compile(Block(), fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(compiled, eager)
+
+
+def test_backend_from_environment(monkeypatch):
+    """AITER_SAGE_BACKEND picks the backend when a call passes none; backend= wins over it."""
+    if "emu" not in BACKENDS:
+        pytest.skip("emulator backend not present")
+    q, k, v = qkv(1, 40, 40, 1, seed=94)
+    monkeypatch.setenv("AITER_SAGE_BACKEND", "emu")
+    via_env = aiter_sage.gfx1201_sage_attention(q, k, v)
+    loaded = dict(aiter_sage.ops.binding().loaded_modules())
+    assert "module_gfx1201_sage_attention|cpu|emu" in loaded
+    assert torch.equal(via_env, aiter_sage.gfx1201_sage_attention(q, k, v, backend="emu"))
+    monkeypatch.setenv("AITER_SAGE_BACKEND", "tpu")
+    with pytest.raises(ValueError, match="unknown backend 'tpu'"):
+        aiter_sage.gfx1201_sage_attention(q, k, v)
+    aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")  # the argument wins
+
+
+def test_namespace_conflict_names_the_owner(tmp_path):
+    """Another library owning torch.ops.aiter.gfx1201_sage_attention: a clear error, no crash."""
+    script = (
+        "import torch\n"
+        "lib = torch.library.Library('aiter', 'FRAGMENT')\n"
+        "lib.define('gfx1201_sage_attention(Tensor q) -> Tensor')\n"
+        "try:\n"
+        "    import aiter_sage\n"
+        "except Exception as e:\n"
+        "    print('CONFLICT', type(e).__name__, e)\n")
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CONFLICT OpNamespaceConflict aiter_sage: torch.ops.aiter.gfx1201_sage_attention is " \
+        "already registered by <string>:2" in r.stdout, r.stdout  # the line of define()
 
 
 # ---- bad input: a Python exception that names the problem -----------------------------------
