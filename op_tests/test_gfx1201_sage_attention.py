@@ -187,7 +187,7 @@ def test_namespace_conflict_names_the_owner(tmp_path):
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "CONFLICT OpNamespaceConflict aiter_sage: torch.ops.aiter.gfx1201_sage_attention is " \
-        "already registered by <string>:2" in r.stdout, r.stdout  # the line of define()
+        "already registered by <string>:2" in r.stdout, r.stdout  # where that Library was made
 
 
 # ---- bad input: a Python exception that names the problem -----------------------------------
