@@ -219,7 +219,7 @@ def _torch_toolchain() -> Toolchain:
     libdirs = cpp_extension.library_paths()
     cflags = ("-std=c++20", "-O2", "-fPIC", "-DTORCH_API_INCLUDE_EXTENSION_H",
               "-DTORCH_EXTENSION_NAME=aiter_sage_torch", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-              "-fvisibility=hidden", *inc) + _include_flags()
+              *inc) + _include_flags()
     libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
     if torch.version.hip or torch.version.cuda:  # GPU torch: register the GPU kernels too
         gpu = "hip" if torch.version.hip else "cuda"
