@@ -57,13 +57,7 @@ void run_attention(const SageParams& p, const AttentionKernels& k) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  if (!check_attention(p)) return 1;
-  Isa isa;
-  if (!select_isa(&isa)) return 1;
-  try {
-    run_attention(*p, kernels_for(isa));
-  } catch (const std::exception& e) {
-    return sage::set_error("cpu attention failed: %s", e.what());
-  }
-  return 0;
+  return guarded_launch(p, "attention", check_attention, [](const SageParams& params, Isa isa) {
+    run_attention(params, kernels_for(isa));
+  });
 }

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "sage/module_abi.h"
 #include "sage/params.h"
 
 namespace sage_cpu {
@@ -73,5 +74,20 @@ void parallel_slices(int64_t n, int threads, const Body& body) {
 
 // Common launch checks shared by both modules; returns false with the module error set.
 bool check_common(const SageParams* p);
+
+// The body of both cpu launch functions: validate, pick the ISA tier, run, and turn an
+// exception (allocation failure, thread creation) into an error message instead of a crash.
+template <class Check, class Run>
+int guarded_launch(const SageParams* p, const char* what, Check check, Run run) {
+  if (!check(p)) return 1;
+  Isa isa;
+  if (!select_isa(&isa)) return 1;
+  try {
+    run(*p, isa);
+  } catch (const std::exception& e) {
+    return sage::set_error("cpu %s failed: %s", what, e.what());
+  }
+  return 0;
+}
 
 }  // namespace sage_cpu

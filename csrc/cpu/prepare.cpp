@@ -73,13 +73,7 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 
 SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  if (!check_prepare(p)) return 1;
-  Isa isa;
-  if (!select_isa(&isa)) return 1;
-  try {
-    run_prepare(*p, kernels_for(isa));
-  } catch (const std::exception& e) {
-    return sage::set_error("cpu prepare failed: %s", e.what());
-  }
-  return 0;
+  return guarded_launch(p, "prepare", check_prepare, [](const SageParams& params, Isa isa) {
+    run_prepare(params, kernels_for(isa));
+  });
 }
