@@ -115,10 +115,11 @@ def test_large_magnitudes_stay_finite(backend):
     assert torch.isfinite(out.float()).all()
 
 
-def test_default_scale_is_inverse_sqrt_head_dim():
-    q, k, v = qkv(1, 64, 64, 1, seed=81)
-    assert torch.equal(aiter_sage.gfx1201_sage_attention(q, k, v),
-                       aiter_sage.gfx1201_sage_attention(q, k, v, 128 ** -0.5))
+@pytest.mark.parametrize("backend", backend_params())
+def test_default_scale_is_inverse_sqrt_head_dim(backend):
+    q, k, v = (t.to(device_for(backend)) for t in qkv(1, 64, 64, 1, seed=81))
+    assert torch.equal(aiter_sage.gfx1201_sage_attention(q, k, v, backend=backend),
+                       aiter_sage.gfx1201_sage_attention(q, k, v, 128 ** -0.5, backend=backend))
 
 
 def test_upstream_style_call():
@@ -130,28 +131,32 @@ def test_upstream_style_call():
 
 
 # ---- torch integration ----------------------------------------------------------------------
-def test_opcheck_all_ops():
-    q, k, v = qkv(1, 40, 72, 2, seed=91)
-    cos, sin = rope_tables(40, 32)
-    qw, kw = norm_weights()
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v, SCALE))
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v, SCALE))
-    qs, ks, vs = qkv(1, 40, 40, 2, seed=92)
+@pytest.mark.parametrize("backend", backend_params())
+def test_opcheck_all_ops(backend):
+    dev = device_for(backend)
+    q, k, v = (t.to(dev) for t in qkv(1, 40, 72, 2, seed=91))
+    cos, sin = (t.to(dev) for t in rope_tables(40, 32))
+    qw, kw = (t.to(dev) for t in norm_weights())
+    be = dict(backend=backend)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v, SCALE), be)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v, SCALE), be)
+    qs, ks, vs = (t.to(dev) for t in qkv(1, 40, 40, 2, seed=92))
     torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (qs, ks, vs, SCALE),
-                          dict(q_norm_weight=qw, k_norm_weight=kw, rope_cos=cos, rope_sin=sin))
-    prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE)  # v8 as uint8 bits
+                          dict(q_norm_weight=qw, k_norm_weight=kw, rope_cos=cos, rope_sin=sin, **be))
+    prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE, **be)  # v8 as uint8 bits
     assert prepared[4].dtype == torch.uint8
     torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention_fwd.default,
-                          (*prepared, q.shape[1], k.shape[1]))
+                          (*prepared, q.shape[1], k.shape[1]), be)
 
 
-def test_torch_compile_fullgraph():
+@pytest.mark.parametrize("backend", backend_params())
+def test_torch_compile_fullgraph(backend):
     class Block(torch.nn.Module):
         def forward(self, x):
             q, k, v = x.unflatten(-1, (3, 2, 128)).unbind(2)
-            return aiter_sage.gfx1201_sage_attention(q, k, v, SCALE).flatten(-2) * 2
+            return aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend).flatten(-2) * 2
 
-    x = randn_bshd(1, 64, 6, seed=93).flatten(-2)
+    x = randn_bshd(1, 64, 6, seed=93, device=device_for(backend)).flatten(-2)
     eager = Block()(x)
     compiled = torch.compile(Block(), fullgraph=True, backend="aot_eager")(x)
     assert torch.equal(compiled, eager)
