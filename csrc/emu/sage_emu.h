@@ -130,31 +130,33 @@ inline void sage_barrier(SAGE_EMU_SITE_PARAMS) {
   type(&name)[count] = *static_cast<type(*)[count]>(::sage_emu::lds_declare(           \
       &sage_emu_lds_decl_##name, ::sage_emu::Site{__FILE__, __LINE__, 0}))
 
-template <class T, class L>
-inline T sage_lds_load(const L* lds, int byte_offset, SAGE_EMU_SITE_PARAMS) {
+namespace sage_emu {
+// An LDS access of sizeof(T) bytes: a wave-synchronous op, so lanes see program order.
+template <class T>
+inline OpRequest lds_request(Op op, const void* lds, int byte_offset, const Site& site) {
   static_assert(std::is_trivially_copyable_v<T>, "LDS values must be trivially copyable");
-  T out;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kLdsLoad;
+  OpRequest r{};
+  r.op = op;
   r.size = sizeof(T);
   r.align = alignof(T);
-  r.site = SAGE_EMU_SITE;
+  r.site = site;
   r.lds = lds;
   r.arg = byte_offset;
+  return r;
+}
+}  // namespace sage_emu
+
+template <class T, class L>
+inline T sage_lds_load(const L* lds, int byte_offset, SAGE_EMU_SITE_PARAMS) {
+  T out;
+  auto r = sage_emu::lds_request<T>(sage_emu::Op::kLdsLoad, lds, byte_offset, SAGE_EMU_SITE);
   r.dst = &out;
   sage_emu::wave_sync(r);
   return out;
 }
 template <class T, class L>
 inline void sage_lds_store(L* lds, int byte_offset, T v, SAGE_EMU_SITE_PARAMS) {
-  static_assert(std::is_trivially_copyable_v<T>, "LDS values must be trivially copyable");
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kLdsStore;
-  r.size = sizeof(T);
-  r.align = alignof(T);
-  r.site = SAGE_EMU_SITE;
-  r.lds = lds;
-  r.arg = byte_offset;
+  auto r = sage_emu::lds_request<T>(sage_emu::Op::kLdsStore, lds, byte_offset, SAGE_EMU_SITE);
   r.src[0] = &v;
   sage_emu::wave_sync(r);
 }
