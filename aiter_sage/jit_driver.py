@@ -115,14 +115,20 @@ class Toolchain:
     ldflags: tuple[str, ...]
     hip_as_cxx: bool = False  # compile .hip sources as plain C++ (the emulator)
 
-    @functools.cached_property
+    @property
     def identity(self) -> str:
-        try:
-            out = subprocess.run([self.compiler, "--version"], capture_output=True, text=True,
-                                 timeout=60).stdout
-        except (OSError, subprocess.SubprocessError) as e:  # pragma: no cover - broken compiler
-            raise CompilerNotFound(f"{self.compiler} does not run: {e}") from e
-        return f"{self.compiler}\n{out.strip()}"
+        return _compiler_identity(self.compiler)
+
+
+@functools.lru_cache(None)
+def _compiler_identity(compiler: str) -> str:
+    """Path and `--version` of a compiler: part of every cache key (run once per process)."""
+    try:
+        out = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:  # pragma: no cover - broken compiler
+        raise CompilerNotFound(f"{compiler} does not run: {e}") from e
+    return f"{compiler}\n{out.strip()}"
 
 
 def _which(*names: str) -> str | None:
@@ -282,11 +288,11 @@ def sources_digest(spec, kind: str) -> str:
     return h.hexdigest()
 
 
-def cache_key(spec, target: str, tc: Toolchain) -> str:
-    """Sources (with every header they may include) + ABI + flags + compiler + target."""
+def cache_key(spec, target: str, tc: Toolchain, digest: str) -> str:
+    """Sources (`digest`: with every header they may include) + ABI + flags + compiler + target."""
     h = hashlib.sha256()
     h.update(f"{spec.name}\0{target}\0{abi_version()}\0".encode())
-    h.update(sources_digest(spec, tc.kind).encode())
+    h.update(digest.encode())
     flags = tc.cflags + tuple(spec.flags) + tc.ldflags
     h.update("\0".join(flags).replace(str(csrc_dir()), "<csrc>").encode())
     h.update(tc.identity.encode())
@@ -381,14 +387,15 @@ def _spec(module):
     return module_table().MODULES[module] if isinstance(module, str) else module
 
 
-def build_into(module, target: str, out_dir: Path, key: str | None = None) -> Path:
+def build_into(module, target: str, out_dir: Path) -> Path:
     """Build one module for one target into out_dir (locked, atomic); returns the .so path."""
     spec = _spec(module)
     name = spec.name
     tc = toolchain_for(target)
     if tc.kind not in spec.sources:
         raise ValueError(f"aiter_sage: {name} has no sources for target {target!r}")
-    key = key or cache_key(spec, target, tc)
+    digest = sources_digest(spec, tc.kind)
+    key = cache_key(spec, target, tc, digest)
     stem = f"{name}-{key[:16]}"
     so, manifest = out_dir / f"{stem}.so", out_dir / f"{stem}.json"
     if _is_valid(so, manifest, key):
@@ -402,7 +409,7 @@ def build_into(module, target: str, out_dir: Path, key: str | None = None) -> Pa
             write_ninja(spec, tc, Path(tmp), tmp_so)
             _run_ninja(Path(tmp), spec, target)
             meta = dict(key=key, sha256=_sha256_file(tmp_so), module=name, target=target,
-                        sources=sources_digest(spec, tc.kind),
+                        sources=digest,
                         compiler=tc.identity.splitlines()[0], built=time.time())
             tmp_manifest = Path(tmp) / f"{stem}.json"
             tmp_manifest.write_text(json.dumps(meta, indent=1))
@@ -454,16 +461,14 @@ def ensure_module(module, target: str) -> Path:
         pre = _prebuilt(spec, target)
         if pre is not None and _check_loadable(pre, spec.entry) is None:
             return pre
-    tc = toolchain_for(target)
-    key = cache_key(spec, target, tc)
     out_dir = cache_root() / _cache_target(target)
     out_dir.mkdir(parents=True, exist_ok=True)
-    so = build_into(spec, target, out_dir, key)
+    so = build_into(spec, target, out_dir)
     problem = _check_loadable(so, spec.entry)
     if problem:  # corrupt or foreign file that still hashed right: rebuild once
         logger.warning("cached %s is unusable (%s); rebuilding", so.name, problem)
         so.with_suffix(".json").unlink(missing_ok=True)
-        so = build_into(spec, target, out_dir, key)
+        so = build_into(spec, target, out_dir)
         problem = _check_loadable(so, spec.entry)
         if problem:
             raise BuildError(f"aiter_sage: freshly built {so} is unusable: {problem}")
