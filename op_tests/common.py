@@ -44,6 +44,13 @@ def device_for(backend: str) -> str:
     return "cuda" if backend == "gfx12" else "cpu"
 
 
+def skip_no_hardware(what: str) -> None:
+    """Skip because a piece of hardware is absent: the only skip CI allows (ci_policy.py)."""
+    from ci_policy import HARDWARE_PREFIX
+
+    pytest.skip(HARDWARE_PREFIX + what)
+
+
 def skip_if_too_big(backend: str, *seq_lens: int, heads: int = 1, batch: int = 1) -> None:
     if backend == "emu" and (max(seq_lens) > EMU_MAX_SEQ or heads > 2 or batch > 2):
         pytest.skip("shape too large for the emulator in CI (B,H <= 2, S <= 512)")

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from common import BACKENDS, norm_weights, qkv, rope_tables, run_as_script
+from common import BACKENDS, norm_weights, qkv, rope_tables, run_as_script, skip_no_hardware
 from test_gfx1201_sage_prepare import assert_prepared_equal
 
 import aiter_sage
@@ -19,7 +19,7 @@ def tier(request, monkeypatch):
         aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
     except RuntimeError as e:
         if "lacks" in str(e):
-            pytest.skip(f"this CPU has no {request.param} tier")
+            skip_no_hardware(f"this CPU has no {request.param} tier")
         raise
     return request.param
 

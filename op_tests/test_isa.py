@@ -24,7 +24,7 @@ _TOOLS = ("llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler
 def _reports(arch):
     missing = [t for t in _TOOLS if not isa.tool(t)]
     if missing:
-        pytest.skip(f"LLVM tools missing: {', '.join(missing)} (apt install clang-19 llvm-19)")
+        pytest.skip(f"LLVM tools missing: {', '.join(missing)} (apt-get install llvm-19 clang-tools-19: .ci/install does)")
     try:
         built = isa.build_modules(arch)  # the JIT's own build for this arch
     except jit_driver.CompilerNotFound as e:
