@@ -17,7 +17,7 @@ import torch
 
 from . import jit_driver
 from . import ref
-from .ref import HEAD_DIM, SCALE_BLOCK, SEQ_ALIGN, Prepared
+from .ref import Prepared
 
 OP_NAMES = ("gfx1201_sage_prepare", "gfx1201_sage_attention_fwd", "gfx1201_sage_attention")
 BACKENDS = ("cpu", "emu", "gfx12")
@@ -54,9 +54,8 @@ def _check_namespace_free() -> None:
 def select_target(device: str, backend: str) -> str:
     """Build target for a tensor device and a requested backend ('' = automatic)."""
     dev = torch.device(device)
+    _check_backend_name(backend)
     b = (backend or "").lower()
-    if b and b not in BACKENDS:
-        raise ValueError(f"aiter_sage: unknown backend {backend!r}; choose one of {BACKENDS}")
     if dev.type == "cpu":
         if b in ("", "cpu"):
             return "cpu"
@@ -101,7 +100,8 @@ def _register() -> None:
     binding = _load_binding()
     binding.set_module_resolver(_resolve_module)
     binding.register_ops()
-    _register_fakes()
+    _register_fakes(binding)
+    _register_autograd()
     _binding = binding
 
 
@@ -111,84 +111,163 @@ def binding():
 
 
 # ----------------------------------------------------------------------------------------------
-# Fake (meta) implementations: shapes and dtypes only, for torch.compile and opcheck
+# Fake (meta) implementations: the binding's own argument checks (prepare_shapes, fwd_shape,
+# attention_shape) on the fake tensors, so torch.compile and mixed-device calls obey the
+# same rules as the kernels; then empty outputs of the checked shapes.
 # ----------------------------------------------------------------------------------------------
-def _pad(n):
-    return (n + SEQ_ALIGN - 1) // SEQ_ALIGN * SEQ_ALIGN
+def _check_backend_name(backend) -> None:
+    name = backend or os.environ.get("AITER_SAGE_BACKEND", "")
+    if name and name.lower() not in BACKENDS:
+        raise ValueError(f"aiter_sage: unknown backend {name!r}; choose one of {BACKENDS}")
 
 
-def _register_fakes() -> None:
+def _padded(n):
+    """S rounded up to 32 (works on SymInts: the fakes keep dynamic shapes symbolic)."""
+    return (n + ref.SEQ_ALIGN - 1) // ref.SEQ_ALIGN * ref.SEQ_ALIGN
+
+
+def _concrete(t):
+    """A stand-in with the same dtype, device and layout but concrete sizes, for the binding's
+    checks (C++ cannot read symbolic sizes); the tensor itself when its sizes are plain ints."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    dims = (*t.shape, *t.stride())
+    if all(isinstance(d, int) for d in dims):
+        return t
+    from torch.fx.experimental.symbolic_shapes import optimization_hint as hint  # no guards
+
+    return torch.empty_strided([hint(d) for d in t.shape], [hint(d) for d in t.stride()],
+                               dtype=t.dtype, device=t.device)
+
+
+def _register_fakes(binding) -> None:
     @torch.library.register_fake("aiter::gfx1201_sage_prepare")
-    def _prepare_fake(q, k, v, softmax_scale=None, *, q_norm_weight=None, k_norm_weight=None,
-                      norm_eps=1e-6, rope_cos=None, rope_sin=None, backend=None):
-        b, sq, h, _ = q.shape
-        skv = k.shape[1]
-        sqp, skp = _pad(sq), _pad(skv)
-        return (q.new_empty((b, h, sqp, HEAD_DIM), dtype=torch.int8),
-                q.new_empty((b, h, sqp // SCALE_BLOCK), dtype=torch.float32),
-                q.new_empty((b, h, skp, HEAD_DIM), dtype=torch.int8),
-                q.new_empty((b, h, skp // SCALE_BLOCK), dtype=torch.float32),
-                q.new_empty((b, h, HEAD_DIM, skp), dtype=torch.uint8),
-                q.new_empty((b, h, HEAD_DIM), dtype=torch.float32))
+    def _prepare_fake(query, key, value, softmax_scale=None, query_weight=None, key_weight=None,
+                      cosine=None, sine=None, eps=1e-6, *, backend=None):
+        _check_backend_name(backend)
+        binding.prepare_shapes(*map(_concrete, (query, key, value)), softmax_scale,
+                               *map(_concrete, (query_weight, key_weight, cosine, sine)), eps)
+        b, sq, h, d = query.shape
+        sq_pad, skv_pad = _padded(sq), _padded(key.shape[1])
+        new = query.new_empty
+        return (new((b, sq_pad, h, d), dtype=torch.int8),
+                new((b, h, sq_pad // ref.SCALE_BLOCK), dtype=torch.float32),
+                new((b, skv_pad, h, d), dtype=torch.int8),
+                new((b, h, skv_pad // ref.SCALE_BLOCK), dtype=torch.float32),
+                new((b, h, d, skv_pad), dtype=torch.uint8),
+                new((b, h, d), dtype=torch.float32))
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention_fwd")
-    def _fwd_fake(q8, q_scale, k8, k_scale, v8, v_scale, q_len, kv_len, *, backend=None):
-        return q8.new_empty((q8.shape[0], q_len, q8.shape[1], HEAD_DIM), dtype=torch.bfloat16)
+    def _fwd_fake(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None,
+                  backend=None):
+        _check_backend_name(backend)
+        prepared = (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)
+        binding.fwd_shape(*map(_concrete, prepared), seq_len, kv_len)
+        return q_int8.new_empty(q_int8.shape, dtype=torch.bfloat16)
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention")
-    def _attention_fake(q, k, v, softmax_scale=None, *, is_causal=False, attn_mask=None,
-                        q_norm_weight=None, k_norm_weight=None, norm_eps=1e-6, rope_cos=None,
-                        rope_sin=None, backend=None):
-        return q.new_empty(q.shape, dtype=torch.bfloat16)
+    def _attention_fake(query, key, value, softmax_scale=None, query_weight=None,
+                        key_weight=None, cosine=None, sine=None, eps=1e-6, *, is_causal=False,
+                        backend=None):
+        _check_backend_name(backend)
+        binding.attention_shape(*map(_concrete, (query, key, value)), softmax_scale,
+                                *map(_concrete, (query_weight, key_weight, cosine, sine)), eps,
+                                is_causal)
+        return query.new_empty(query.shape, dtype=torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------
-# Public Python API
+# Inference only: inputs that require grad while grad mode is on are refused up front by the
+# Python functions; for direct torch.ops calls an autograd rule refuses them too, so no
+# gradient is ever silently missing.
 # ----------------------------------------------------------------------------------------------
-def gfx1201_sage_prepare(q, k, v, softmax_scale=None, *, q_norm_weight=None, k_norm_weight=None,
-                         norm_eps=1e-6, rope_cos=None, rope_sin=None,
+def check_no_grad(*tensors, op: str = "gfx1201_sage_attention") -> None:
+    if not torch.is_grad_enabled():
+        return
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(f"aiter_sage: {op} is inference-only: an input requires grad "
+                             f"while grad mode is on; call it under torch.no_grad() or "
+                             f"torch.inference_mode(), or pass detached tensors")
+
+
+def _register_autograd() -> None:
+    def make(op_name):
+        # Called (under no_grad) only when grad mode is on and an input requires grad.
+        def setup_context(ctx, inputs, output, keyword_only_inputs=None):
+            with torch.enable_grad():
+                check_no_grad(*inputs, op=op_name)
+
+        def backward(ctx, *grads):
+            raise RuntimeError(f"aiter_sage: {op_name} is inference-only (no backward)")
+
+        torch.library.register_autograd(f"aiter::{op_name}", backward,
+                                        setup_context=setup_context)
+
+    for name in OP_NAMES:
+        make(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public Python API: upstream ROCm aiter's call forms; additions keyword-only after them.
+# ----------------------------------------------------------------------------------------------
+def gfx1201_sage_prepare(query, key, value, softmax_scale=None, query_weight=None,
+                         key_weight=None, cosine=None, sine=None, eps=1e-6, *,
                          backend=None) -> Prepared:
-    """Quantize BF16 [B, S, H, 128] q, k, v for :func:`gfx1201_sage_attention_fwd`.
+    """Quantize BF16 ``[B, S, H, 128]`` query/key/value for SageAttention.
 
-    Optional fused QK RMSNorm (``q_norm_weight``/``k_norm_weight``, BF16 [128], ``norm_eps``)
-    and rotate-half RoPE (``rope_cos``/``rope_sin``, BF16 [S, rope_dim], rope_dim 32/64/96/128)
-    are applied to q and k first, bit-identical to the eager BF16 sequence in aiter_sage.ref.
+    Returns ``(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)`` (a :class:`Prepared`
+    namedtuple): Q/K INT8 ``[B, S_pad, H, 128]`` with FP32 scales ``[B, H, S_pad / 32]`` (one
+    per 32-row block; Q carries ``softmax_scale * log2(e)``), V FP8 e4m3 ``[B, H, 128, S_pad]``
+    with FP32 per-channel scales ``[B, H, 128]``. ``S_pad`` is S rounded up to 32; padding is
+    zero. Key/value may be longer or shorter than query (each is padded on its own).
+
+    With ``query_weight``/``key_weight`` (BF16 ``[128]``) Q and K first go through RMSNorm, and
+    with ``cosine``/``sine`` (FP32 ``[S, rope_dim]``, rope_dim 32/64/96/128; BF16 accepted)
+    through rotate-half RoPE on their leading rope_dim channels, as upstream (which takes all
+    four together; here each pair is optional).
     """
     _register()
-    out = torch.ops.aiter.gfx1201_sage_prepare(
-        q, k, v, softmax_scale, q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight,
-        norm_eps=norm_eps, rope_cos=rope_cos, rope_sin=rope_sin, backend=backend)
+    check_no_grad(query, key, value, query_weight, key_weight, cosine, sine,
+                  op="gfx1201_sage_prepare")
+    out = torch.ops.aiter.gfx1201_sage_prepare(query, key, value, softmax_scale, query_weight,
+                                               key_weight, cosine, sine, eps, backend=backend)
     q8, q_scale, k8, k_scale, v8_bits, v_scale = out
-    return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale,
-                    q.shape[1], k.shape[1])
+    return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale)
 
 
-def gfx1201_sage_attention_fwd(prepared: Prepared, *, backend=None) -> torch.Tensor:
-    """The attention kernel alone on prepared tensors; returns BF16 [B, Sq, H, 128]."""
+def gfx1201_sage_attention_fwd(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *,
+                               kv_len=None, backend=None) -> torch.Tensor:
+    """Attention over the tensors :func:`gfx1201_sage_prepare` returned.
+
+    ``seq_len``: the real query length (and key length unless ``kv_len`` is given). Returns
+    BF16 ``[B, S_pad, H, 128]`` (upstream's shape); rows at or beyond ``seq_len`` are zero.
+    Keys at or beyond the key length are masked whatever the padded K/V rows hold.
+    """
     _register()
-    if not isinstance(prepared, Prepared):
-        raise TypeError("aiter_sage: gfx1201_sage_attention_fwd expects the Prepared tuple that "
-                        f"gfx1201_sage_prepare returned, got {type(prepared).__name__}")
-    q8, q_scale, k8, k_scale, v8, v_scale = prepared[:6]
+    # The op takes e4m3 as its uint8 bits (see the binding); any other dtype goes through for
+    # the binding to name it.
+    v_bits = v_fp8.view(torch.uint8) if v_fp8.dtype == torch.float8_e4m3fn else v_fp8
     return torch.ops.aiter.gfx1201_sage_attention_fwd(
-        q8, q_scale, k8, k_scale, ref.fp8_bits(v8), v_scale, prepared.q_len, prepared.kv_len,
+        q_int8, q_scale, k_int8, k_scale, v_bits, v_scale, seq_len, kv_len=kv_len,
         backend=backend)
 
 
-def gfx1201_sage_attention(q, k, v, softmax_scale=None, *, is_causal=False, attn_mask=None,
-                           q_norm_weight=None, k_norm_weight=None, norm_eps=1e-6, rope_cos=None,
-                           rope_sin=None, backend=None) -> torch.Tensor:
+def gfx1201_sage_attention(query, key, value, softmax_scale=None, query_weight=None,
+                           key_weight=None, cosine=None, sine=None, eps=1e-6, *,
+                           is_causal=False, backend=None) -> torch.Tensor:
     """SageAttention: softmax(q kᵀ · softmax_scale) v with INT8 Q·Kᵀ and FP8 P·V.
 
-    q: BF16 [B, Sq, H, 128]; k, v: BF16 [B, Skv, H, 128] (last dim contiguous, other strides
-    free). ``softmax_scale`` defaults to 128**-0.5. Non-causal, no mask in this version.
-    Returns BF16 [B, Sq, H, 128].
+    query: BF16 ``[B, Sq, H, 128]``; key, value: BF16 ``[B, Skv, H, 128]`` (last dim
+    contiguous, other strides free). ``softmax_scale`` defaults to 128**-0.5. The optional
+    norm/RoPE arguments are applied to Q and K first (see :func:`gfx1201_sage_prepare`).
+    Non-causal, no mask in this version. Returns BF16 ``[B, Sq, H, 128]``. Inference only.
     """
     _register()
+    check_no_grad(query, key, value, query_weight, key_weight, cosine, sine)
     return torch.ops.aiter.gfx1201_sage_attention(
-        q, k, v, softmax_scale, is_causal=is_causal, attn_mask=attn_mask,
-        q_norm_weight=q_norm_weight, k_norm_weight=k_norm_weight, norm_eps=norm_eps,
-        rope_cos=rope_cos, rope_sin=rope_sin, backend=backend)
+        query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps,
+        is_causal=is_causal, backend=backend)
 
 
 def available_backends() -> list[str]:

@@ -21,10 +21,6 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
 import aiter_sage  # noqa: E402
 from aiter_sage import jit_driver  # noqa: E402
 
-# Shapes the emulator can run quickly (it executes every lane of every wave on the CPU).
-EMU_MAX_SEQ = 512
-
-
 def present_backends() -> list[str]:
     found = aiter_sage.available_backends()
     gfx12 = jit_driver.csrc_dir() / "gfx12"
@@ -51,11 +47,6 @@ def skip_no_hardware(what: str) -> None:
     pytest.skip(HARDWARE_PREFIX + what)
 
 
-def skip_if_too_big(backend: str, *seq_lens: int, heads: int = 1, batch: int = 1) -> None:
-    if backend == "emu" and (max(seq_lens) > EMU_MAX_SEQ or heads > 2 or batch > 2):
-        pytest.skip("shape too large for the emulator in CI (B,H <= 2, S <= 512)")
-
-
 def randn_bshd(b, s, h, *, seed, scale=1.0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn((b, s, h, 128), generator=g) * scale
@@ -69,18 +60,24 @@ def qkv(b, sq, skv, h, *, seed=0, device="cpu"):
 
 
 def rope_tables(s, rope_dim, *, base=10000.0):
-    """HF-style cos/sin tables (BF16 [S, rope_dim]) as diffusion transformers build them."""
-    half = rope_dim // 2
-    inv = 1.0 / (base ** (torch.arange(half, dtype=torch.float32) / half))
-    ang = torch.arange(s, dtype=torch.float32)[:, None] * inv[None]
+    """FP32 cos/sin [S, rope_dim] from the usual base^(-2i/d) angles, as upstream's test and
+    diffusers build them (rotate-half layout: the angles repeat over the two halves)."""
+    inv = 1.0 / (base ** (torch.arange(0, rope_dim, 2, dtype=torch.float32) / rope_dim))
+    ang = torch.arange(s, dtype=torch.float32)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(torch.bfloat16), ang.sin().to(torch.bfloat16)
+    return ang.cos().contiguous(), ang.sin().contiguous()
 
 
 def norm_weights(seed=7):
+    """RMSNorm weights as upstream's test draws them: rand + 0.5, BF16 [128]."""
     g = torch.Generator().manual_seed(seed)
-    return ((1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16),
-            (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16))
+    return ((torch.rand(128, generator=g) + 0.5).to(torch.bfloat16),
+            (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16))
+
+
+def to_device(backend, *tensors):
+    dev = device_for(backend)
+    return tuple(None if t is None else t.to(dev) for t in tensors)
 
 
 def run_as_script(file: str) -> None:

@@ -58,6 +58,9 @@ int main() {
   for (int rd = 32; rd <= 128; rd += 32) for (int c = 0; c < rd / 8; ++c) {
     printf("%s[%d,%d,%d]", first ? "" : ",", rd, c, rope_partner_chunk(c, rd)); first = 0;
   }
+  printf("],\"mask\":[");
+  for (int n = -2; n <= 18; ++n) for (int w = 0; w < 4; ++w)
+    printf("%s[%d,%d,%u]", n > -2 || w ? "," : "", n, w, first_bytes_mask(w, n));
   printf("],\"vt\":{\"keys\":%d,\"row\":%d,\"off\":[", kVtKeys, kVtRowBytes);
   for (int ch = 0; ch < 128; ++ch) printf("%s%d", ch ? "," : "", vt_lds_offset(ch, 0));
   printf("]},\"pass_bytes\":%d,\"bank_bytes\":%d}\n", kLdsPassBytes, kLdsBankBytes);
@@ -81,7 +84,7 @@ def layouts():
         cxx = _compiler()
         if cxx is None:
             import pytest
-            pytest.skip("no host C++ compiler")
+            pytest.fail("no host C++ compiler (apt-get install g++)")
         with tempfile.TemporaryDirectory() as tmp:
             src, exe = Path(tmp) / "dump.cpp", Path(tmp) / "dump"
             src.write_text(DUMP_SRC)
@@ -276,6 +279,16 @@ def test_v_transpose_tile():
     for i in range(8):
         b = [((8 * c + i) * row // 4) % banks for c in range(16)]
         assert max(b.count(x) for x in set(b)) <= 2  # at most 2-way (memory-bound kernel)
+
+
+def test_first_bytes_mask_keeps_exactly_the_first_n_bytes():
+    """The last KV tile zeroes V bytes of keys >= kv_len with these masks."""
+    for n, w, mask in layouts()["mask"]:
+        want = 0
+        for byte in range(4):
+            if 4 * w + byte < n:
+                want |= 0xFF << (8 * byte)
+        assert mask == want, (n, w, hex(mask))
 
 
 if __name__ == "__main__":

@@ -106,14 +106,17 @@ void launch(const char* name, const char* entry, const at::Device& device,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Validation: every message names the argument and the problem.
+// Validation: every message names the argument and the problem. These checks read only
+// metadata (dtype, shape, strides, device), so the fake implementations call the same
+// functions on meta/fake tensors (prepare_shapes / fwd_shapes below): one set of rules.
 // ---------------------------------------------------------------------------------------------
 void check_device(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK_VALUE(t.device() == device, "aiter_sage: ", name, " is on ", t.device(),
-                    " but the inputs are on ", device);
+                    " but query is on ", device, " (all tensors must be on one device)");
 }
 
-void check_supported_device(const at::Device& device) {
+void check_supported_device(const at::Device& device, bool shapes_only) {
+  if (shapes_only && device.is_meta()) return;
 #ifdef SAGE_TORCH_GPU
   TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "aiter_sage: unsupported device ",
                     device, " (supported: cpu, and ROCm/CUDA GPUs)");
@@ -123,7 +126,12 @@ void check_supported_device(const at::Device& device) {
 #endif
 }
 
-// Q, K, V: BF16 [B, S, H, 128], non-empty, last dim contiguous.
+void check_seq_len(int64_t len, const char* name) {
+  TORCH_CHECK_VALUE(len <= SAGE_MAX_SEQ_LEN, "aiter_sage: ", name, " has ", len,
+                    " rows; the longest supported sequence is ", SAGE_MAX_SEQ_LEN);
+}
+
+// query, key, value: BF16 [B, S, H, 128], non-empty, last dim contiguous.
 void check_bshd(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16, "aiter_sage: ", name,
                    " must be torch.bfloat16, got ", t.scalar_type());
@@ -134,26 +142,33 @@ void check_bshd(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.numel() > 0, "aiter_sage: ", name, " is empty (shape ", t.sizes(), ")");
   TORCH_CHECK_VALUE(t.stride(3) == 1, "aiter_sage: ", name,
                     "'s last dimension must be contiguous (stride 1), got strides ", t.strides());
-  TORCH_CHECK_VALUE(t.size(1) <= (int64_t(1) << 30) && t.size(0) * t.size(2) <= (int64_t(1) << 30),
-                    "aiter_sage: ", name, " is too large (shape ", t.sizes(), ")");
+  check_seq_len(t.size(1), name);
+  TORCH_CHECK_VALUE(t.size(0) <= 65535 && t.size(2) <= 65535, "aiter_sage: ", name,
+                    " has batch ", t.size(0), " and heads ", t.size(2), "; each must be <= 65535");
 }
 
-// GPU kernels use 128-bit loads: copy a tensor whose rows are not 16-byte aligned (a fresh
-// contiguous allocation is). CPU kernels take any layout with a contiguous last dim.
-at::Tensor aligned_for(const at::Tensor& t) {
-  if (t.is_cpu()) return t;
-  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) ok = ok && (t.stride(d) % 8 == 0);
+// GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose rows are not
+// 16-byte aligned (a fresh contiguous allocation is), as a GPU path must. The cpu kernels take
+// any layout with a contiguous last dim.
+at::Tensor aligned_for(const at::Tensor& t, bool need_alignment) {
+  if (!need_alignment) return t;
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(-1) == 1;
+  for (int64_t d = 0; d + 1 < t.dim(); ++d)
+    ok = ok && (t.size(d) == 1 || (t.stride(d) * t.element_size()) % 16 == 0);
   return ok ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
+bool needs_alignment(const at::Device& device, const std::string& backend) {
+  return !device.is_cpu() || backend == "emu";
+}
+
 void check_same_shape_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "aiter_sage: k and v must have the same shape, got ",
-                    k.sizes(), " and ", v.sizes());
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0), "aiter_sage: q and k must have the same batch, got ",
-                    q.size(0), " and ", k.size(0));
-  TORCH_CHECK_VALUE(q.size(2) == k.size(2), "aiter_sage: q and k must have the same number of ",
-                    "heads, got ", q.size(2), " and ", k.size(2),
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "aiter_sage: key and value must have the same shape, "
+                    "got ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0), "aiter_sage: query and key must have the same batch, "
+                    "got ", q.size(0), " and ", k.size(0));
+  TORCH_CHECK_VALUE(q.size(2) == k.size(2), "aiter_sage: query and key must have the same number ",
+                    "of heads, got ", q.size(2), " and ", k.size(2),
                     " (grouped-query attention is not supported in this version)");
 }
 
@@ -165,15 +180,15 @@ void check_vector_bf16(const at::Tensor& t, const char* name, const at::Device& 
   check_device(t, name, device);
 }
 
+// cosine/sine: FP32 [S, rope_dim] (upstream); BF16 tables are accepted and upcast exactly.
 void check_rope_table(const at::Tensor& t, const char* name, int64_t seq, const at::Device& device) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16, "aiter_sage: ", name,
-                   " must be torch.bfloat16, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16,
+                   "aiter_sage: ", name, " must be torch.float32 (or torch.bfloat16), got ",
+                   t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == seq, "aiter_sage: ", name,
                     " must have shape [seq, rope_dim] with seq = ", seq, ", got ", t.sizes());
   TORCH_CHECK_VALUE(sage::rope_dim_supported(int(t.size(1))), "aiter_sage: rope_dim (", name,
                     ".shape[-1]) must be 32, 64, 96 or 128, got ", t.size(1));
-  TORCH_CHECK_VALUE(t.stride(1) == 1, "aiter_sage: ", name,
-                    "'s last dimension must be contiguous, got strides ", t.strides());
   check_device(t, name, device);
 }
 
@@ -187,43 +202,89 @@ struct NormRope {
   double eps = 1e-6;
 };
 
+double resolve_scale(std::optional<double> softmax_scale) {
+  return softmax_scale ? *softmax_scale : 1.0 / std::sqrt(double(SAGE_HEAD_DIM));
+}
+
+// The float32 values the kernels use must be finite (1e39 is a finite double but not a float).
+float checked_q_prescale(double softmax_scale) {
+  const float c = sage::q_prescale_from(softmax_scale);
+  TORCH_CHECK_VALUE(std::isfinite(float(softmax_scale)) && std::isfinite(c),
+                    "aiter_sage: softmax_scale must be a finite float32 (and softmax_scale*log2(e) ",
+                    "too), got ", softmax_scale);
+  return c;
+}
+
+struct PrepareShape {
+  int64_t B, H, Sq, Skv, Sq_pad, Skv_pad;
+};
+
+// Every check of prepare's arguments; with shapes_only the device may be meta (fakes).
+PrepareShape check_prepare_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                double softmax_scale, const NormRope& nr, bool shapes_only) {
+  check_bshd(q, "query");
+  check_bshd(k, "key");
+  check_bshd(v, "value");
+  const at::Device device = q.device();
+  check_supported_device(device, shapes_only);
+  check_device(k, "key", device);
+  check_device(v, "value", device);
+  check_same_shape_qkv(q, k, v);
+  checked_q_prescale(softmax_scale);
+  TORCH_CHECK_VALUE(nr.q_weight.has_value() == nr.k_weight.has_value(),
+                    "aiter_sage: pass both query_weight and key_weight, or neither");
+  TORCH_CHECK_VALUE(nr.cos.has_value() == nr.sin.has_value(),
+                    "aiter_sage: pass both cosine and sine, or neither");
+  TORCH_CHECK_VALUE(std::isfinite(float(nr.eps)) && nr.eps >= 0, "aiter_sage: eps must be a ",
+                    "finite float32 >= 0, got ", nr.eps);
+  if (nr.q_weight) {
+    check_vector_bf16(*nr.q_weight, "query_weight", device);
+    check_vector_bf16(*nr.k_weight, "key_weight", device);
+  }
+  const int64_t Sq = q.size(1), Skv = k.size(1);
+  if (nr.cos) {
+    TORCH_CHECK_VALUE(Sq == Skv, "aiter_sage: RoPE (cosine/sine) needs query and key of the same ",
+                      "length, got ", Sq, " and ", Skv);
+    check_rope_table(*nr.cos, "cosine", Sq, device);
+    check_rope_table(*nr.sin, "sine", Sq, device);
+    TORCH_CHECK_VALUE(nr.cos->sizes() == nr.sin->sizes() &&
+                          nr.cos->scalar_type() == nr.sin->scalar_type(),
+                      "aiter_sage: cosine and sine must have the same shape and dtype, got ",
+                      nr.cos->sizes(), " ", nr.cos->scalar_type(), " and ", nr.sin->sizes(), " ",
+                      nr.sin->scalar_type());
+  }
+  return {q.size(0), q.size(2), Sq, Skv, sage::padded_len(Sq), sage::padded_len(Skv)};
+}
+
 // ---------------------------------------------------------------------------------------------
 // prepare
 // ---------------------------------------------------------------------------------------------
 using PreparedTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                                  at::Tensor>;
 
+// Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's checks, comparisons)
+// does not support float8 tensors; the Python API returns them viewed as float8_e4m3fn, and
+// every entry point takes either dtype.
+constexpr at::ScalarType kFp8Storage = at::kByte;
+
 PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
                               const at::Tensor& v_in, double softmax_scale, const NormRope& nr,
-                              const std::optional<std::string>& backend) {
-  check_bshd(q_in, "q");
-  check_bshd(k_in, "k");
-  check_bshd(v_in, "v");
+                              const std::optional<std::string>& backend_arg) {
+  const PrepareShape sh = check_prepare_args(q_in, k_in, v_in, softmax_scale, nr, false);
   const at::Device device = q_in.device();
-  check_supported_device(device);
-  check_device(k_in, "k", device);
-  check_device(v_in, "v", device);
-  check_same_shape_qkv(q_in, k_in, v_in);
-  TORCH_CHECK_VALUE(std::isfinite(softmax_scale), "aiter_sage: softmax_scale must be finite, got ",
-                    softmax_scale);
-  TORCH_CHECK_VALUE(nr.q_weight.has_value() == nr.k_weight.has_value(),
-                    "aiter_sage: pass both q_norm_weight and k_norm_weight, or neither");
-  TORCH_CHECK_VALUE(nr.cos.has_value() == nr.sin.has_value(),
-                    "aiter_sage: pass both rope_cos and rope_sin, or neither");
-  TORCH_CHECK_VALUE(std::isfinite(nr.eps) && nr.eps >= 0, "aiter_sage: norm_eps must be finite ",
-                    "and >= 0, got ", nr.eps);
-
-  at::Tensor q = aligned_for(q_in), k = aligned_for(k_in), v = aligned_for(v_in);
-  const int64_t B = q.size(0), H = q.size(2), Sq = q.size(1), Skv = k.size(1);
+  const std::string backend = requested_backend(backend_arg);
+  const bool align = needs_alignment(device, backend);
+  at::Tensor q = aligned_for(q_in, align), k = aligned_for(k_in, align),
+             v = aligned_for(v_in, align);
 
   SageParams p{};
-  p.batch = int32_t(B);
-  p.heads = int32_t(H);
-  p.q_len = int32_t(Sq);
-  p.kv_len = int32_t(Skv);
-  p.q_len_pad = int32_t(sage::padded_len(Sq));
-  p.kv_len_pad = int32_t(sage::padded_len(Skv));
-  p.softmax_scale = float(softmax_scale);
+  p.batch = int32_t(sh.B);
+  p.heads = int32_t(sh.H);
+  p.q_len = int32_t(sh.Sq);
+  p.kv_len = int32_t(sh.Skv);
+  p.q_len_pad = int32_t(sh.Sq_pad);
+  p.kv_len_pad = int32_t(sh.Skv_pad);
+  p.q_prescale = checked_q_prescale(softmax_scale);
   p.q = ptr_of<sage_bf16_t>(q);
   p.k = ptr_of<sage_bf16_t>(k);
   p.v = ptr_of<sage_bf16_t>(v);
@@ -231,41 +292,31 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
   p.v_stride_b = v.stride(0), p.v_stride_s = v.stride(1), p.v_stride_h = v.stride(2);
 
-  at::Tensor qw, kw, cos, sin;  // keep any contiguous copies alive until the launch returns
+  at::Tensor qw, kw, cos, sin;  // keep any copies alive until the launch returns
   if (nr.q_weight) {
-    check_vector_bf16(*nr.q_weight, "q_norm_weight", device);
-    check_vector_bf16(*nr.k_weight, "k_norm_weight", device);
-    qw = aligned_for(nr.q_weight->contiguous());
-    kw = aligned_for(nr.k_weight->contiguous());
+    qw = aligned_for(nr.q_weight->contiguous(), align);
+    kw = aligned_for(nr.k_weight->contiguous(), align);
     p.q_norm_weight = ptr_of<sage_bf16_t>(qw);
     p.k_norm_weight = ptr_of<sage_bf16_t>(kw);
   }
   p.norm_eps = float(nr.eps);
   if (nr.cos) {
-    TORCH_CHECK_VALUE(Sq == Skv, "aiter_sage: RoPE needs q and k of the same length, got ", Sq,
-                      " and ", Skv);
-    check_rope_table(*nr.cos, "rope_cos", Sq, device);
-    check_rope_table(*nr.sin, "rope_sin", Sq, device);
-    TORCH_CHECK_VALUE(nr.cos->sizes() == nr.sin->sizes(), "aiter_sage: rope_cos and rope_sin ",
-                      "must have the same shape, got ", nr.cos->sizes(), " and ", nr.sin->sizes());
-    cos = aligned_for(nr.cos->contiguous());
-    sin = aligned_for(nr.sin->contiguous());
-    p.rope_cos = ptr_of<sage_bf16_t>(cos);
-    p.rope_sin = ptr_of<sage_bf16_t>(sin);
+    cos = aligned_for(nr.cos->to(at::kFloat).contiguous(), align);  // BF16 -> FP32 is exact
+    sin = aligned_for(nr.sin->to(at::kFloat).contiguous(), align);
+    p.rope_cos = ptr_of<float>(cos);
+    p.rope_sin = ptr_of<float>(sin);
     p.rope_dim = int32_t(cos.size(1));
     p.rope_stride_s = cos.stride(0);
   }
 
   auto i8 = q.options().dtype(at::kChar);
   auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor q8 = at::empty({B, H, p.q_len_pad, SAGE_HEAD_DIM}, i8);
-  at::Tensor q_scale = at::empty({B, H, sage::scale_blocks(p.q_len_pad)}, f32);
-  at::Tensor k8 = at::empty({B, H, p.kv_len_pad, SAGE_HEAD_DIM}, i8);
-  at::Tensor k_scale = at::empty({B, H, sage::scale_blocks(p.kv_len_pad)}, f32);
-  // Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's schema check,
-  // comparisons) does not support float8 inputs; the Python API views them as float8_e4m3fn.
-  at::Tensor v8 = at::empty({B, H, SAGE_HEAD_DIM, p.kv_len_pad}, q.options().dtype(at::kByte));
-  at::Tensor v_scale = at::empty({B, H, SAGE_HEAD_DIM}, f32);
+  at::Tensor q8 = at::empty({sh.B, sh.Sq_pad, sh.H, SAGE_HEAD_DIM}, i8);
+  at::Tensor q_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Sq_pad)}, f32);
+  at::Tensor k8 = at::empty({sh.B, sh.Skv_pad, sh.H, SAGE_HEAD_DIM}, i8);
+  at::Tensor k_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Skv_pad)}, f32);
+  at::Tensor v8 = at::empty({sh.B, sh.H, SAGE_HEAD_DIM, sh.Skv_pad}, q.options().dtype(kFp8Storage));
+  at::Tensor v_scale = at::empty({sh.B, sh.H, SAGE_HEAD_DIM}, f32);
   p.q8 = q8.data_ptr<int8_t>();
   p.q_scale = q_scale.data_ptr<float>();
   p.k8 = k8.data_ptr<int8_t>();
@@ -283,10 +334,11 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
 // ---------------------------------------------------------------------------------------------
 void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
                     at::IntArrayRef shape, const at::Device& device) {
-  // v8 may come as uint8 bits (the op's own output) or as a float8_e4m3fn view of them.
+  // v_fp8 may come as float8_e4m3fn or as its uint8 bits.
   const bool ok = t.scalar_type() == dtype ||
-                  (dtype == at::kByte && t.scalar_type() == at::kFloat8_e4m3fn);
-  TORCH_CHECK_TYPE(ok, "aiter_sage: prepared ", name, " must be ", dtype, ", got ",
+                  (dtype == kFp8Storage && t.scalar_type() == at::kFloat8_e4m3fn);
+  TORCH_CHECK_TYPE(ok, "aiter_sage: prepared ", name, " must be ",
+                   dtype == kFp8Storage ? "torch.float8_e4m3fn" : c10::toString(dtype), ", got ",
                    t.scalar_type());
   TORCH_CHECK_VALUE(t.sizes() == shape, "aiter_sage: prepared ", name, " must have shape ", shape,
                     ", got ", t.sizes(), " (pass the tensors gfx1201_sage_prepare returned)");
@@ -294,34 +346,65 @@ void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
   check_device(t, name, device);
 }
 
-at::Tensor fwd_checked(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
-                       const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
-                       int64_t q_len, int64_t kv_len, const std::optional<std::string>& backend) {
-  TORCH_CHECK_VALUE(q8.dim() == 4 && k8.dim() == 4, "aiter_sage: prepared q8/k8 must be 4-D ",
-                    "[batch, heads, seq_pad, 128], got ", q8.sizes(), " and ", k8.sizes());
-  const at::Device device = q8.device();
-  check_supported_device(device);
-  const int64_t B = q8.size(0), H = q8.size(1);
-  TORCH_CHECK_VALUE(q_len >= 1 && kv_len >= 1, "aiter_sage: q_len and kv_len must be >= 1, got ",
-                    q_len, " and ", kv_len);
-  TORCH_CHECK_VALUE(B >= 1 && H >= 1, "aiter_sage: prepared tensors are empty (q8 shape ",
-                    q8.sizes(), ")");
-  const int64_t sq = sage::padded_len(q_len), skv = sage::padded_len(kv_len);
-  check_prepared(q8, "q8", at::kChar, {B, H, sq, SAGE_HEAD_DIM}, device);
-  check_prepared(q_scale, "q_scale", at::kFloat, {B, H, sage::scale_blocks(sq)}, device);
-  check_prepared(k8, "k8", at::kChar, {B, H, skv, SAGE_HEAD_DIM}, device);
-  check_prepared(k_scale, "k_scale", at::kFloat, {B, H, sage::scale_blocks(skv)}, device);
-  check_prepared(v8, "v8", at::kByte, {B, H, SAGE_HEAD_DIM, skv}, device);
-  check_prepared(v_scale, "v_scale", at::kFloat, {B, H, SAGE_HEAD_DIM}, device);
+struct FwdShape {
+  int64_t B, H, Sq_pad, Skv_pad, q_len, kv_len;
+};
 
-  at::Tensor out = at::empty({B, q_len, H, SAGE_HEAD_DIM}, q8.options().dtype(at::kBFloat16));
+FwdShape check_fwd_args(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
+                        const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
+                        int64_t seq_len, std::optional<int64_t> kv_len_arg, bool shapes_only) {
+  TORCH_CHECK_VALUE(q8.dim() == 4 && k8.dim() == 4, "aiter_sage: prepared q_int8/k_int8 must be ",
+                    "4-D [batch, seq_pad, heads, 128], got ", q8.sizes(), " and ", k8.sizes());
+  const at::Device device = q8.device();
+  check_supported_device(device, shapes_only);
+  const int64_t B = q8.size(0), Sq_pad = q8.size(1), H = q8.size(2), Skv_pad = k8.size(1);
+  TORCH_CHECK_VALUE(B >= 1 && H >= 1 && Sq_pad >= 1 && Skv_pad >= 1 && B <= 65535 && H <= 65535,
+                    "aiter_sage: prepared q_int8/k_int8 have unusable shapes ", q8.sizes(), " and ",
+                    k8.sizes());
+  TORCH_CHECK_VALUE(Sq_pad % SAGE_SEQ_ALIGN == 0 && Skv_pad % SAGE_SEQ_ALIGN == 0,
+                    "aiter_sage: prepared sequence lengths must be multiples of ", SAGE_SEQ_ALIGN,
+                    ", got ", Sq_pad, " and ", Skv_pad);
+  check_seq_len(Sq_pad, "q_int8");
+  check_seq_len(Skv_pad, "k_int8");
+  const int64_t kv_len = kv_len_arg.value_or(seq_len);
+  TORCH_CHECK_VALUE(seq_len >= 1 && seq_len <= Sq_pad, "aiter_sage: seq_len ", seq_len,
+                    " does not fit the padded length ", Sq_pad, " of q_int8");
+  TORCH_CHECK_VALUE(kv_len >= 1 && kv_len <= Skv_pad, "aiter_sage: ",
+                    kv_len_arg ? "kv_len " : "seq_len (the key length unless kv_len is given) ",
+                    kv_len, " does not fit the padded length ", Skv_pad, " of k_int8");
+  check_prepared(q8, "q_int8", at::kChar, {B, Sq_pad, H, SAGE_HEAD_DIM}, device);
+  check_prepared(q_scale, "q_scale", at::kFloat, {B, H, sage::scale_blocks(Sq_pad)}, device);
+  check_prepared(k8, "k_int8", at::kChar, {B, Skv_pad, H, SAGE_HEAD_DIM}, device);
+  check_prepared(k_scale, "k_scale", at::kFloat, {B, H, sage::scale_blocks(Skv_pad)}, device);
+  check_prepared(v8, "v_fp8", kFp8Storage, {B, H, SAGE_HEAD_DIM, Skv_pad}, device);
+  check_prepared(v_scale, "v_scale", at::kFloat, {B, H, SAGE_HEAD_DIM}, device);
+  return {B, H, Sq_pad, Skv_pad, seq_len, kv_len};
+}
+
+// out_rows: q_len (the attention op) or the padded length (the raw fwd, upstream's shape).
+at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
+                       const at::Tensor& k8_in, const at::Tensor& k_scale_in,
+                       const at::Tensor& v8_in, const at::Tensor& v_scale_in, int64_t seq_len,
+                       std::optional<int64_t> kv_len, bool padded_out,
+                       const std::optional<std::string>& backend_arg) {
+  const FwdShape sh = check_fwd_args(q8_in, q_scale_in, k8_in, k_scale_in, v8_in, v_scale_in,
+                                     seq_len, kv_len, false);
+  const at::Device device = q8_in.device();
+  const std::string backend = requested_backend(backend_arg);
+  const bool align = needs_alignment(device, backend);
+  const at::Tensor q8 = aligned_for(q8_in, align), q_scale = aligned_for(q_scale_in, align),
+                   k8 = aligned_for(k8_in, align), k_scale = aligned_for(k_scale_in, align),
+                   v8 = aligned_for(v8_in, align), v_scale = aligned_for(v_scale_in, align);
+  const int64_t out_rows = padded_out ? sh.Sq_pad : sh.q_len;
+  at::Tensor out = at::empty({sh.B, out_rows, sh.H, SAGE_HEAD_DIM},
+                             q8.options().dtype(at::kBFloat16));
   SageParams p{};
-  p.batch = int32_t(B);
-  p.heads = int32_t(H);
-  p.q_len = int32_t(q_len);
-  p.kv_len = int32_t(kv_len);
-  p.q_len_pad = int32_t(sq);
-  p.kv_len_pad = int32_t(skv);
+  p.batch = int32_t(sh.B);
+  p.heads = int32_t(sh.H);
+  p.q_len = int32_t(sh.q_len);
+  p.kv_len = int32_t(sh.kv_len);
+  p.q_len_pad = int32_t(sh.Sq_pad);
+  p.kv_len_pad = int32_t(sh.Skv_pad);
   p.q8 = const_cast<int8_t*>(ptr_of<int8_t>(q8));
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
@@ -329,6 +412,7 @@ at::Tensor fwd_checked(const at::Tensor& q8, const at::Tensor& q_scale, const at
   p.v8 = const_cast<sage_fp8_t*>(ptr_of<sage_fp8_t>(v8));
   p.v_scale = const_cast<float*>(ptr_of<float>(v_scale));
   p.out = reinterpret_cast<sage_bf16_t*>(out.data_ptr());
+  p.out_rows = int32_t(out_rows);
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
   p.num_threads = at::get_num_threads();
   launch(kAttentionModule, "sage_attention_launch", device, backend, p);
@@ -336,49 +420,85 @@ at::Tensor fwd_checked(const at::Tensor& q8, const at::Tensor& q_scale, const at
 }
 
 // ---------------------------------------------------------------------------------------------
-// Op kernels (schemas in register_ops)
+// Op kernels (schemas in register_ops): upstream's argument names, order and defaults; what
+// aiter_sage adds is keyword-only after them.
 // ---------------------------------------------------------------------------------------------
-double resolve_scale(std::optional<double> softmax_scale) {
-  return softmax_scale ? *softmax_scale : 1.0 / std::sqrt(double(SAGE_HEAD_DIM));
-}
-
-PreparedTuple prepare_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          std::optional<double> softmax_scale,
-                         const std::optional<at::Tensor>& q_norm_weight,
-                         const std::optional<at::Tensor>& k_norm_weight, double norm_eps,
-                         const std::optional<at::Tensor>& rope_cos,
-                         const std::optional<at::Tensor>& rope_sin,
+                         const std::optional<at::Tensor>& query_weight,
+                         const std::optional<at::Tensor>& key_weight,
+                         const std::optional<at::Tensor>& cosine,
+                         const std::optional<at::Tensor>& sine, double eps,
                          std::optional<std::string> backend) {
-  NormRope nr{q_norm_weight, k_norm_weight, rope_cos, rope_sin, norm_eps};
-  return prepare_checked(q, k, v, resolve_scale(softmax_scale), nr, backend);
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  return prepare_checked(query, key, value, resolve_scale(softmax_scale), nr, backend);
 }
 
-at::Tensor fwd_op(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
-                  const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
-                  int64_t q_len, int64_t kv_len, std::optional<std::string> backend) {
-  return fwd_checked(q8, q_scale, k8, k_scale, v8, v_scale, q_len, kv_len, backend);
+at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
+                  const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
+                  int64_t seq_len, std::optional<int64_t> kv_len,
+                  std::optional<std::string> backend) {
+  return fwd_checked(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, true,
+                     backend);
 }
 
-at::Tensor attention_op(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        std::optional<double> softmax_scale, bool is_causal,
-                        const std::optional<at::Tensor>& attn_mask,
-                        const std::optional<at::Tensor>& q_norm_weight,
-                        const std::optional<at::Tensor>& k_norm_weight, double norm_eps,
-                        const std::optional<at::Tensor>& rope_cos,
-                        const std::optional<at::Tensor>& rope_sin,
-                        std::optional<std::string> backend) {
+void check_attention_options(bool is_causal) {
   TORCH_CHECK_NOT_IMPLEMENTED(!is_causal, "aiter_sage: causal attention is not supported in ",
                               "this version (non-causal only)");
-  TORCH_CHECK_NOT_IMPLEMENTED(!attn_mask.has_value(), "aiter_sage: attn_mask is not supported ",
-                              "in this version (no mask)");
-  NormRope nr{q_norm_weight, k_norm_weight, rope_cos, rope_sin, norm_eps};
-  auto [q8, qs, k8, ks, v8, vs] = prepare_checked(q, k, v, resolve_scale(softmax_scale), nr, backend);
-  return fwd_checked(q8, qs, k8, ks, v8, vs, q.size(1), k.size(1), backend);
 }
 
-constexpr const char* kNormRopeArgs =
-    "Tensor? q_norm_weight=None, Tensor? k_norm_weight=None, float norm_eps=1e-06, "
-    "Tensor? rope_cos=None, Tensor? rope_sin=None, str? backend=None";
+at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                        std::optional<double> softmax_scale,
+                        const std::optional<at::Tensor>& query_weight,
+                        const std::optional<at::Tensor>& key_weight,
+                        const std::optional<at::Tensor>& cosine,
+                        const std::optional<at::Tensor>& sine, double eps, bool is_causal,
+                        std::optional<std::string> backend) {
+  check_attention_options(is_causal);
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  auto [q8, qs, k8, ks, v8, vs] =
+      prepare_checked(query, key, value, resolve_scale(softmax_scale), nr, backend);
+  return fwd_checked(q8, qs, k8, ks, v8, vs, query.size(1), key.size(1), false, backend);
+}
+
+// Shape functions for the fake implementations: the same checks, output shapes back.
+std::vector<std::vector<int64_t>> prepare_shapes(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
+    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
+    const std::optional<at::Tensor>& sine, double eps) {
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  const PrepareShape s =
+      check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
+  return {{s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Sq_pad)},
+          {s.B, s.Skv_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Skv_pad)},
+          {s.B, s.H, SAGE_HEAD_DIM, s.Skv_pad},  {s.B, s.H, SAGE_HEAD_DIM}};
+}
+
+std::vector<int64_t> fwd_shape(const at::Tensor& q8, const at::Tensor& q_scale,
+                               const at::Tensor& k8, const at::Tensor& k_scale,
+                               const at::Tensor& v8, const at::Tensor& v_scale, int64_t seq_len,
+                               std::optional<int64_t> kv_len) {
+  const FwdShape s = check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
+  return {s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM};
+}
+
+std::vector<int64_t> attention_shape(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
+    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
+    const std::optional<at::Tensor>& sine, double eps, bool is_causal) {
+  check_attention_options(is_causal);
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
+  return query.sizes().vec();
+}
+
+// Upstream's arguments, in upstream's order, with upstream's defaults.
+constexpr const char* kUpstreamArgs =
+    "Tensor query, Tensor key, Tensor value, float? softmax_scale=None, "
+    "Tensor? query_weight=None, Tensor? key_weight=None, Tensor? cosine=None, "
+    "Tensor? sine=None, float eps=1e-06";
 
 std::unique_ptr<torch::Library> g_def_lib, g_cpu_lib, g_gpu_lib;
 
@@ -386,16 +506,16 @@ void register_ops() {
   TORCH_CHECK(!g_def_lib, "aiter_sage: ops already registered");
   auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "aiter", std::nullopt,
                                               __FILE__, __LINE__);
-  const std::string prepare_schema =
-      std::string("gfx1201_sage_prepare(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, *, ") +
-      kNormRopeArgs + ") -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)";
+  const std::string prepare_schema = std::string("gfx1201_sage_prepare(") + kUpstreamArgs +
+                                     ", *, str? backend=None) -> (Tensor, Tensor, Tensor, "
+                                     "Tensor, Tensor, Tensor)";
   const std::string attention_schema =
-      std::string("gfx1201_sage_attention(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, *, "
-                  "bool is_causal=False, Tensor? attn_mask=None, ") +
-      kNormRopeArgs + ") -> Tensor";
+      std::string("gfx1201_sage_attention(") + kUpstreamArgs +
+      ", *, bool is_causal=False, str? backend=None) -> Tensor";
   def->def(prepare_schema.c_str());
-  def->def("gfx1201_sage_attention_fwd(Tensor q8, Tensor q_scale, Tensor k8, Tensor k_scale, "
-           "Tensor v8, Tensor v_scale, int q_len, int kv_len, *, str? backend=None) -> Tensor");
+  def->def("gfx1201_sage_attention_fwd(Tensor q_int8, Tensor q_scale, Tensor k_int8, "
+           "Tensor k_scale, Tensor v_fp8, Tensor v_scale, int seq_len, *, int? kv_len=None, "
+           "str? backend=None) -> Tensor");
   def->def(attention_schema.c_str());
   auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter",
                                               c10::DispatchKey::CPU, __FILE__, __LINE__);
@@ -419,6 +539,9 @@ void register_ops() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "aiter_sage torch binding (ops are registered by register_ops())";
   m.def("register_ops", &register_ops);
+  m.def("prepare_shapes", &prepare_shapes);
+  m.def("fwd_shape", &fwd_shape);
+  m.def("attention_shape", &attention_shape);
   m.def("set_module_resolver", [](py::object fn) {
     if (!g_resolver) g_resolver = new py::object();
     *g_resolver = std::move(fn);

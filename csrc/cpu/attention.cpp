@@ -10,6 +10,7 @@
 
 #include "cpu/attention_kernels.h"
 #include "cpu/cpu_runtime.h"
+#include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 
@@ -25,12 +26,6 @@ const AttentionKernels& kernels_for(Isa isa) {
     case Isa::kScalar: break;
   }
   return kAttentionScalar;
-}
-
-bool check_attention(const SageParams* p) {
-  if (!check_common(p)) return false;
-  if (!p->out) return !sage::set_error("null output pointer");
-  return true;
 }
 
 struct AlignedBuffer {
@@ -57,7 +52,7 @@ void run_attention(const SageParams& p, const AttentionKernels& k) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(p, "attention", check_attention, [](const SageParams& params, Isa isa) {
+  return guarded_launch(p, "attention", sage::check_attention_params, [](const SageParams& params, Isa isa) {
     run_attention(params, kernels_for(isa));
   });
 }

@@ -66,18 +66,4 @@ int resolve_threads(int32_t requested, int64_t work_items) {
   return int(t);
 }
 
-bool check_common(const SageParams* p) {
-  if (!p) return !sage::set_error("null SageParams");
-  if (p->batch <= 0 || p->heads <= 0 || p->q_len <= 0 || p->kv_len <= 0)
-    return !sage::set_error("empty problem: batch=%d heads=%d q_len=%d kv_len=%d", p->batch,
-                            p->heads, p->q_len, p->kv_len);
-  if (p->q_len_pad != sage::padded_len(p->q_len) || p->kv_len_pad != sage::padded_len(p->kv_len))
-    return !sage::set_error("q_len_pad/kv_len_pad (%d/%d) must be q_len/kv_len (%d/%d) rounded "
-                            "up to %d",
-                            p->q_len_pad, p->kv_len_pad, p->q_len, p->kv_len, SAGE_SEQ_ALIGN);
-  if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !p->v8 || !p->v_scale)
-    return !sage::set_error("null prepared tensor pointer");
-  return true;
-}
-
 }  // namespace sage_cpu

@@ -72,9 +72,6 @@ void parallel_slices(int64_t n, int threads, const Body& body) {
     if (e) std::rethrow_exception(e);
 }
 
-// Common launch checks shared by both modules; returns false with the module error set.
-bool check_common(const SageParams* p);
-
 // The body of both cpu launch functions: validate, pick the ISA tier, run, and turn an
 // exception (allocation failure, thread creation) into an error message instead of a crash.
 template <class Check, class Run>

@@ -11,6 +11,7 @@
 
 #include "cpu/cpu_runtime.h"
 #include "cpu/prepare_kernels.h"
+#include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/quant.h"
@@ -29,27 +30,11 @@ const PrepareKernels& kernels_for(Isa isa) {
   return kPrepareScalar;
 }
 
-bool check_prepare(const SageParams* p) {
-  if (!check_common(p)) return false;
-  if (!p->q || !p->k || !p->v) return !sage::set_error("null q/k/v input pointer");
-  if (!p->q_norm_weight != !p->k_norm_weight)
-    return !sage::set_error("q_norm_weight and k_norm_weight must be given together");
-  if (!p->rope_cos != !p->rope_sin)
-    return !sage::set_error("rope_cos and rope_sin must be given together");
-  if (p->rope_cos) {
-    if (!sage::rope_dim_supported(p->rope_dim))
-      return !sage::set_error("rope_dim %d is not supported (32, 64, 96 or 128)", p->rope_dim);
-    if (p->q_len != p->kv_len)
-      return !sage::set_error("rope needs q_len == kv_len (got %d and %d)", p->q_len, p->kv_len);
-  }
-  return true;
-}
-
 void run_prepare(const SageParams& p, const PrepareKernels& k) {
   const int64_t heads = int64_t(p.batch) * p.heads;
   const int64_t q_blocks = sage::scale_blocks(p.q_len_pad);
   const int64_t k_blocks = sage::scale_blocks(p.kv_len_pad);
-  const int64_t v_chunks = p.kv_len_pad / kPrepareVChunk;
+  const int64_t v_chunks = (p.kv_len_pad + kPrepareVChunk - 1) / kPrepareVChunk;
 
   // Phase 1 items, head by head: that head's Q blocks, its K blocks, then its V scales, so
   // contiguous slices get a similar mix of work.
@@ -73,7 +58,7 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 
 SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(p, "prepare", check_prepare, [](const SageParams& params, Isa isa) {
+  return guarded_launch(p, "prepare", sage::check_prepare_params, [](const SageParams& params, Isa isa) {
     run_prepare(params, kernels_for(isa));
   });
 }

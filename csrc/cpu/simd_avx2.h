@@ -20,7 +20,11 @@ inline void vf_store(float* p, VF x) { _mm256_store_ps(p, x); }
 inline VF vf_add(VF a, VF b) { return _mm256_add_ps(a, b); }
 inline VF vf_sub(VF a, VF b) { return _mm256_sub_ps(a, b); }
 inline VF vf_mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
-inline VF vf_max(VF a, VF b) { return _mm256_max_ps(a, b); }
+// max that keeps a NaN of either operand (vmaxps alone returns b when either is NaN): a NaN
+// score must make its row non-finite, as in ref.py, not vanish from the row max.
+inline VF vf_max(VF a, VF b) {
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
 inline VI vi_zero() { return _mm256_setzero_si256(); }
 inline VI vi_load(const uint32_t* p) { return _mm256_load_si256((const __m256i*)p); }
 inline void vi_store(uint32_t* p, VI x) { _mm256_store_si256((__m256i*)p, x); }
@@ -32,9 +36,11 @@ inline VF vi_dot_to_f32(VI acc, int32_t correction) {
 // field, so x is clamped to >= -125 where that stays a normal float. The few keys that far
 // below the row max then weigh 2^-125 instead of 0 — invisible next to the max's weight 1;
 // masked keys never reach here (the kernel writes P = 0 for them).
+// The clamp constants are the first operands so that a NaN x passes through (vmaxps/vminps
+// return their second operand when either is NaN) and its row stays non-finite.
 inline VF vf_exp2(VF x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-125.0f));
-  x = _mm256_min_ps(x, _mm256_set1_ps(127.0f));
+  x = _mm256_max_ps(_mm256_set1_ps(-125.0f), x);
+  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
   VF n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VF f = _mm256_sub_ps(x, n);
   VF p = _mm256_set1_ps(1.5403530393381606e-4f);

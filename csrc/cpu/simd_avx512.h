@@ -23,7 +23,11 @@ inline void vf_store(float* p, VF x) { _mm512_store_ps(p, x); }
 inline VF vf_add(VF a, VF b) { return _mm512_add_ps(a, b); }
 inline VF vf_sub(VF a, VF b) { return _mm512_sub_ps(a, b); }
 inline VF vf_mul(VF a, VF b) { return _mm512_mul_ps(a, b); }
-inline VF vf_max(VF a, VF b) { return _mm512_max_ps(a, b); }
+// max that keeps a NaN of either operand (vmaxps alone returns b when either is NaN): a NaN
+// score must make its row non-finite, as in ref.py, not vanish from the row max.
+inline VF vf_max(VF a, VF b) {
+  return _mm512_mask_mov_ps(_mm512_max_ps(a, b), _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), a);
+}
 inline VI vi_zero() { return _mm512_setzero_si512(); }
 inline VI vi_load(const uint32_t* p) { return _mm512_load_si512(p); }
 inline void vi_store(uint32_t* p, VI x) { _mm512_store_si512(p, x); }
@@ -34,9 +38,11 @@ inline VF vi_dot_to_f32(VI acc, int32_t correction) {
 
 // 2^x to ~1e-7 relative: x = n + f with n = rint(x), |f| <= 1/2, 2^f by its degree-6 Taylor
 // polynomial, then vscalefps applies 2^n (underflowing to exact 0). Clamping at -200 first
-// makes exp2(-inf) (masked keys, the first tile's m = -inf) an exact 0 instead of NaN.
+// makes exp2(-inf) (masked keys, the first tile's m = -inf) an exact 0 instead of NaN; the
+// clamp constant is the first operand so that a NaN x passes through (vmaxps returns its
+// second operand when either is NaN) and its row stays non-finite.
 inline VF vf_exp2(VF x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-200.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
   VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VF f = _mm512_sub_ps(x, n);
   VF p = _mm512_set1_ps(1.5403530393381606e-4f);                       // ln2^6 / 6!
@@ -102,12 +108,20 @@ inline VElem decode_v(uint8_t b) {
   return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);
 }
 // One output row: column `r` of O^T [128][block_q] (already final values) -> BF16 row.
+// Rounded with integer arithmetic (RNE, NaN kept quiet, == sage::f32_to_bf16): vcvtneps2bf16
+// would flush subnormal outputs to zero.
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
   const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
                                                           3, 2, 1, 0),
                                          _mm512_set1_epi32(col_stride));
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   for (int d = 0; d < SAGE_HEAD_DIM; d += 16) {
-    __m512 v = _mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4);
-    _mm256_storeu_si256((__m256i*)(dst + d), (__m256i)_mm512_cvtneps_pbh(v));
+    const __m512i u = _mm512_castps_si512(_mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    r = _mm512_srli_epi32(r, 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i*)(dst + d), _mm512_cvtepi32_epi16(r));
   }
 }

@@ -20,7 +20,11 @@ inline void vf_store(float* p, VF x) { for (int i = 0; i < kLanes; ++i) p[i] = x
 inline VF vf_add(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] + b.v[i]); }
 inline VF vf_sub(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] - b.v[i]); }
 inline VF vf_mul(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] * b.v[i]); }
-inline VF vf_max(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+// NaN in either operand wins (a NaN score makes its row non-finite, as in ref.py).
+inline VF vf_max(VF a, VF b) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = (a.v[i] != a.v[i] || a.v[i] > b.v[i]) ? a.v[i] : b.v[i]);
+}
 inline VI vi_zero() { VI r; SAGE_LANEWISE(r.v[i] = 0); }
 inline VI vi_load(const uint32_t* p) { VI r; SAGE_LANEWISE(r.v[i] = int32_t(p[i])); }
 inline void vi_store(uint32_t* p, VI x) { for (int i = 0; i < kLanes; ++i) p[i] = uint32_t(x.v[i]); }

@@ -7,9 +7,13 @@
 //   O = acc / l · v_scale → BF16
 //
 // Work split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
-// of its 4 waves owns 32 queries. K and V tiles of 32 keys are staged in LDS, shared by the 4
-// waves, double-buffered, with one barrier per tile. Lane layouts live in
+// of its 4 waves owns 32 queries (one Q scale block). K and V tiles of 32 keys are staged in
+// LDS, shared by the 4 waves, double-buffered, with one barrier per tile. The padded lengths
+// are multiples of 32 (upstream's layout), so a wave whose 32 queries lie past the real
+// queries only helps stage K/V, and the last KV tile's V bytes past kv_len are zeroed when
+// staged (P is 0 there, but 0 times a NaN left in the padding would not be). Lane layouts live in
 // sage/gfx12_fragments.h; csrc/gfx12/README.md explains the budget.
+#include "sage/check.h"
 #include "sage/gfx12_fragments.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
@@ -48,8 +52,8 @@ struct AttnTraits {
 
   static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK,
                 "one Q scale per wave and one K scale per tile");
-  static_assert(SAGE_SEQ_ALIGN % kQueriesPerGroup == 0 && SAGE_SEQ_ALIGN % kTileKeys == 0,
-                "tiles divide the padded sequence: no bounds checks on loads");
+  static_assert(SAGE_SEQ_ALIGN % kTileKeys == 0 && SAGE_SEQ_ALIGN % kQueriesPerWave == 0,
+                "KV tiles and wave query blocks divide the padded sequence: in-bounds loads");
   static_assert(kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
                     kVPiecesPerThread * 16 * kThreads == kVTileBytes,
                 "staging covers each tile exactly");
@@ -77,37 +81,47 @@ struct WaveState {
 // offset that is the same for every tile, so the loads use the SADDR form and the loop keeps
 // one VGPR per load instead of a 64-bit address pair.
 struct HeadView {
-  const int8_t* k8;       // key 0 of this head
+  const int8_t* k8;       // key 0 of this (batch, head); keys are k_row_stride bytes apart
   const sage_fp8_t* v8;   // channel 0, key 0 of this head
+  int64_t k_tile_stride;  // bytes from one K tile to the next
   uint32_t k_lane_off[AttnTraits::kKPiecesPerThread];
   uint32_t v_lane_off[AttnTraits::kVPiecesPerThread];
 };
 
-SAGE_DEVICE HeadView make_head_view(const SageParams& p, int64_t head) {
+SAGE_DEVICE HeadView make_head_view(const SageParams& p, int b, int hd) {
   using T = AttnTraits;
   HeadView hv;
-  hv.k8 = p.k8 + qk8_offset(head, p.kv_len_pad, 0, 0);
-  hv.v8 = p.v8 + v8_offset(head, p.kv_len_pad, 0, 0);
+  const int64_t k_row_stride = qk8_row_stride(p.heads);
+  hv.k8 = p.k8 + qk8_offset(p.heads, p.kv_len_pad, b, 0, hd, 0);
+  hv.v8 = p.v8 + v8_offset(head_index(p, b, hd), p.kv_len_pad, 0, 0);
+  hv.k_tile_stride = T::kTileKeys * k_row_stride;
   const int tid = sage_thread_id();
 #pragma unroll
   for (int i = 0; i < T::kKPiecesPerThread; ++i) {
     const int piece = stage_piece(tid, i, T::kThreads);
-    hv.k_lane_off[i] = uint32_t(k_piece_row(piece) * SAGE_HEAD_DIM + 16 * k_piece_chunk(piece));
+    // < 32 * 65535 * 128 < 2^28.
+    hv.k_lane_off[i] = uint32_t(k_piece_row(piece) * k_row_stride + 16 * k_piece_chunk(piece));
   }
 #pragma unroll
   for (int i = 0; i < T::kVPiecesPerThread; ++i) {
     const int piece = stage_piece(tid, i, T::kThreads);
-    // < 128 * kv_len_pad: fits 32 bits for any sequence under 2^24 keys.
+    // < 128 * kv_len_pad <= 2^31 (SAGE_MAX_SEQ_LEN): fits the 32-bit offset.
     hv.v_lane_off[i] =
-        uint32_t(v_piece_channel(piece) * uint32_t(p.kv_len_pad) + 16 * v_piece_half(piece));
+        uint32_t(v_piece_channel(piece)) * uint32_t(p.kv_len_pad) + 16u * v_piece_half(piece);
   }
   return hv;
+}
+
+// The first n bytes of a 16-byte piece, the rest +0 (layout: first_bytes_mask).
+SAGE_DEVICE u32x4 keep_first_bytes(u32x4 x, int n) {
+  return u32x4{x.x & first_bytes_mask(0, n), x.y & first_bytes_mask(1, n),
+               x.z & first_bytes_mask(2, n), x.w & first_bytes_mask(3, n)};
 }
 
 SAGE_DEVICE TileStage load_tile(const HeadView& hv, int tile) {
   using T = AttnTraits;
   TileStage st;
-  const int8_t* k_tile = hv.k8 + int64_t(tile) * T::kKTileBytes;
+  const int8_t* k_tile = hv.k8 + int64_t(tile) * hv.k_tile_stride;
   const sage_fp8_t* v_tile = hv.v8 + int64_t(tile) * T::kTileKeys;
 #pragma unroll
   for (int i = 0; i < T::kKPiecesPerThread; ++i)
@@ -225,16 +239,19 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
 
 // Second half of a tile: Oᵀ[qb][cb] += Vᵀ(channels 16cb.., keys)·Pᵀ from the V stage. The
 // lane reads channel 16cb + r, tile keys 16h .. 16h + 15 = chunk 0 (low 8 bytes) and chunk 1
-// (high 8 bytes), exactly the keys its P bytes stand for.
-template <class L>
-SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const TileP& tp, WaveState& ws) {
+// (high 8 bytes), exactly the keys its P bytes stand for. kMasked (the last tile): V bytes of
+// keys >= keys_valid become +0 — their P is 0, but 0 times a NaN left in the padding is not.
+template <bool kMasked, class L>
+SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const TileP& tp, int keys_valid,
+                               WaveState& ws) {
   using T = AttnTraits;
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
   const int vbase = stage * T::kStageBytes + T::kKTileBytes;
 #pragma unroll
   for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
-    const u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + v_lds_offset(16 * cb + r, h));
+    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + v_lds_offset(16 * cb + r, h));
+    if (kMasked) vfrag = keep_first_bytes(vfrag, keys_valid - 16 * h);
 #pragma unroll
     for (int qb = 0; qb < T::kQBlocks; ++qb) {
       ws.acc[qb][cb] = sage_wmma_f32_fp8(lo64(vfrag), tp.p8[0][qb], ws.acc[qb][cb]);
@@ -251,8 +268,11 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   const int b = sage_block_id_z(), hd = sage_block_id_y();
   const int64_t head = head_index(p, b, hd);
   const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
+  // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) reads no Q and only
+  // helps stage K/V; its scores are zeros.
+  const bool has_queries = q0 < p.q_len;
 
-  const HeadView hv = make_head_view(p, head);
+  const HeadView hv = make_head_view(p, b, hd);
   const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
 
   // Start the first tile's loads before touching Q so their latencies overlap.
@@ -261,10 +281,11 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   WaveState ws;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
-    const int64_t row = qk8_offset(head, p.q_len_pad, q0 + 16 * qb + r, 0);
+    const int64_t row = qk8_offset(p.heads, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
-      const u32x4 x = sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0));
+      const u32x4 x = has_queries ? sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0))
+                                  : u32x4{0, 0, 0, 0};
       ws.q[qb][kk] = lo64(x);
       ws.q[qb][kk + 1] = hi64(x);
     }
@@ -274,7 +295,8 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     for (int cb = 0; cb < T::kChannelBlocks; ++cb)
       ws.acc[qb][cb] = v8f32{0, 0, 0, 0, 0, 0, 0, 0};
   }
-  const float q_scale = sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0));
+  const float q_scale =
+      has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
   const float* k_scales = p.k_scale + qk_scale_offset(head, p.kv_len_pad, 0);
 
   store_tile(lds, 0, st);
@@ -286,7 +308,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
     const TileP tp = score_tile<false>(lds, t & 1, score_scale, T::kTileKeys, ws);
     st = load_tile(hv, t + 1);
-    accumulate_pv(lds, t & 1, tp, ws);
+    accumulate_pv<false>(lds, t & 1, tp, T::kTileKeys, ws);
     // The other stage was last read in iteration t - 1, before the barrier that ended it.
     store_tile(lds, (t + 1) & 1, st);
     sage_barrier();
@@ -298,18 +320,20 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     const int keys_valid = int(p.kv_len) - t * T::kTileKeys;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
     const TileP tp = score_tile<true>(lds, t & 1, score_scale, keys_valid, ws);
-    accumulate_pv(lds, t & 1, tp, ws);
+    accumulate_pv<true>(lds, t & 1, tp, keys_valid, ws);
   }
 
   // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels
   //      16cb + 8h + j. Each half-wave summed its own keys: combine the two halves of l.
+  //      Rows in [q_len, out_rows) are written as zeros.
   const float* v_scale = p.v_scale + v_scale_offset(head, 0);
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     const float l = ws.l[qb] + sage_shfl_xor(ws.l[qb], 16);
     const float inv_l = sage_rcpf(l);
     const int q = q0 + 16 * qb + r;
-    if (q >= p.q_len) continue;
+    if (q >= p.out_rows) continue;
+    const bool real = q < p.q_len;
     const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
 #pragma unroll
     for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
@@ -322,7 +346,8 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
       for (int j = 0; j < kFragElems; j += 2) {
         const float o0 = ws.acc[qb][cb][j] * inv_l * bits_f32(sv[j]);
         const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
-        packed[j / 2] = uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16);
+        packed[j / 2] =
+            real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
       }
       sage_gstore<u32x4>(p.out, 2 * (orow + c0),
                          u32x4{packed[0], packed[1], packed[2], packed[3]});
@@ -337,20 +362,11 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   using sage::gfx12::AttnTraits;
-  if (!params) return sage::set_error("sage_attention_launch: null params");
+  if (!sage::check_attention_params(params)) return 1;
   const SageParams& p = *params;
-  if (p.batch < 1 || p.heads < 1 || p.q_len < 1 || p.kv_len < 1)
-    return sage::set_error("sage_attention_launch: empty problem (batch=%d heads=%d q_len=%d "
-                           "kv_len=%d)", p.batch, p.heads, p.q_len, p.kv_len);
-  if (p.q_len_pad != sage::padded_len(p.q_len) || p.kv_len_pad != sage::padded_len(p.kv_len))
-    return sage::set_error("sage_attention_launch: q_len_pad/kv_len_pad must be the lengths "
-                           "rounded up to %d", SAGE_SEQ_ALIGN);
-  if (!p.q8 || !p.q_scale || !p.k8 || !p.k_scale || !p.v8 || !p.v_scale || !p.out)
-    return sage::set_error("sage_attention_launch: null tensor pointer");
-  if (p.heads > 65535 || p.batch > 65535)
-    return sage::set_error("sage_attention_launch: batch and heads must be <= 65535");
-  const sage_dim3 grid{unsigned(p.q_len_pad / AttnTraits::kQueriesPerGroup), unsigned(p.heads),
-                       unsigned(p.batch)};
+  const unsigned q_groups =
+      unsigned((p.q_len_pad + AttnTraits::kQueriesPerGroup - 1) / AttnTraits::kQueriesPerGroup);
+  const sage_dim3 grid{q_groups, unsigned(p.heads), unsigned(p.batch)};
   const int rc = sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads,
                              stream, p);
   if (rc != 0) {

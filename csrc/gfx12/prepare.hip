@@ -11,12 +11,14 @@
 //               RMSNorm + RoPE, block amax, INT8 quantization, scale. Rows past the sequence
 //               are written as zeros (outputs come from torch.empty).
 //   3. v_quant  one workgroup per (128-key tile, head, batch): V / v_scale -> e4m3, transposed
-//               through LDS to [B, H, 128, S_pad]; padded keys are +0.
+//               through LDS to [B, H, 128, S_pad]; padded keys are +0, and the last tile
+//               stores only the keys below S_pad (a multiple of 32).
 // V is read twice (amax, then quantize) — a two-pass V; both passes are memory bound and the
 // second is fully parallel. Every step is a single correctly rounded IEEE operation in
 // quant.h's order, so no FMA contraction is allowed in this file:
 #pragma clang fp contract(off)
 
+#include "sage/check.h"
 #include "sage/gfx12_fragments.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
@@ -43,10 +45,11 @@ struct PrepTraits {
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
   static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
-  static_assert(kLanesPerRow == kNormPartials && kChunk == kNormChunk,
-                "one lane per RMSNorm partial sum");
+  static_assert(kChunk == kNormLanes && kLanesPerRow == kNormAccs * kNormRounds,
+                "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
   static_assert(kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys, "");
-  static_assert(SAGE_SEQ_ALIGN % kVtKeys == 0, "v_quant tiles divide the padded length");
+  static_assert(kVtKeys % SAGE_SEQ_ALIGN == 0 && (kVtKeys / 16) * 16 == kVtKeys,
+                "v_quant stores 16-key pieces; the padded length ends on a piece boundary");
 };
 
 // |x| maximum that propagates NaN like torch.amax (fmaxf would drop it).
@@ -59,6 +62,14 @@ SAGE_DEVICE void unpack_bf16x8(u32x4 u, float* x) {
     x[2 * i] = bits_f32(w[i] << 16);
     x[2 * i + 1] = bits_f32(w[i] & 0xffff0000u);
   }
+}
+
+// 8 FP32 values (two 16-byte loads) at byte offset `off` of `base`.
+SAGE_DEVICE void unpack_f32x8(const float* base, int64_t off, float* x) {
+  const u32x4 a = sage_gload<u32x4>(base, off), b = sage_gload<u32x4>(base, off + 16);
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = bits_f32(w[i]);
 }
 
 // ============================================================================ kernel 1 =====
@@ -102,19 +113,42 @@ SAGE_KERNEL(sage_prepare_v_scale_kernel, PrepTraits::kVsThreads)(SageParams p) {
     for (int grp = 0; grp < kGroups; ++grp)
       m = nan_max(m, sage_lds_load<float>(part_max, 4 * (grp * SAGE_HEAD_DIM + tid)));
     const int64_t head = head_index(p, b, hd);
-    sage_gstore<float>(p.v_scale, 4 * v_scale_offset(head, tid), block_scale(m, kFp8Max));
+    sage_gstore<float>(p.v_scale, 4 * v_scale_offset(head, tid), v_channel_scale(m));
   }
 }
 
 // ============================================================================ kernel 2 =====
-// 1 / rms of a row: the 16 lanes of the row hold the 16 partial sums of
-// the pinned order; the butterfly p[j] + p[j ^ n] for n = 8, 4, 2, 1 computes exactly
-// rms_tree_reduce (IEEE addition is commutative, so both partners get the same bits).
-SAGE_DEVICE float row_rms_inv(const float* x, float eps) {
-  float sum = rms_chunk_sum(x);
+// 1 / rms of a row whose 16 lanes (chunk c = lane % 16) hold channels 8c .. 8c+7, in quant.h's
+// pinned order (rms_sum_squares): channel 8a + l + 32i is element l of chunk a + 4i, so
+//   1. lanes c < 4 sum their element l with those of chunks c+4, c+8, c+12 in turn (xor 4, 8,
+//      12 reach exactly those lanes): accumulator a = c, lane l;
+//   2. lane 0 adds accumulators 1, 2, 3 in turn (xor 1, 2, 3), per element l;
+//   3. lane 0 sums its 8 elements in turn;
+//   4. a butterfly of additions in which only lane 0 contributes a non-zero value gives every
+//      lane of the row that exact total (x + 0 = x).
+// The other lanes compute values they then ignore; every lane takes part in each shuffle.
+SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
+  float acc[kNormLanes];
 #pragma unroll
-  for (int n = kNormPartials / 2; n >= 1; n /= 2) sum = sum + sage_shfl_xor(sum, n);
-  return rms_inv(sum, eps);
+  for (int l = 0; l < kNormLanes; ++l) {
+    const float sq = x[l] * x[l];
+    float a = sq;
+#pragma unroll
+    for (int i = 1; i < kNormRounds; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
+    acc[l] = a;
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int l = 0; l < kNormLanes; ++l) {
+    float lane_sum = acc[l];
+#pragma unroll
+    for (int a = 1; a < kNormAccs; ++a) lane_sum = lane_sum + sage_shfl_xor(acc[l], a);
+    total = l == 0 ? lane_sum : total + lane_sum;
+  }
+  float v = chunk == 0 ? total : 0.0f;
+#pragma unroll
+  for (int n = PrepTraits::kLanesPerRow / 2; n >= 1; n /= 2) v = v + sage_shfl_xor(v, n);
+  return rms_inv(v, eps);
 }
 
 struct QkSide {
@@ -141,7 +175,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
   if (is_q) {
     sd = QkSide{p.q + bshd_offset(p.q_stride_b, p.q_stride_s, p.q_stride_h, b, 0, hd),
                 p.q_stride_s, p.q_len, p.q_len_pad, p.q_norm_weight,
-                q_prescale(p.softmax_scale), p.q8, p.q_scale};
+                p.q_prescale, p.q8, p.q_scale};
   } else {
     sd = QkSide{p.k + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd),
                 p.k_stride_s, p.kv_len, p.kv_len_pad, p.k_norm_weight, 1.0f, p.k8, p.k_scale};
@@ -178,7 +212,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
     unpack_bf16x8(raw, v);
     unpack_bf16x8(raw_p, vp);
     if (norm) {  // every lane of the wave takes part in the butterfly (rows past len: zeros)
-      const float inv = row_rms_inv(v, p.norm_eps);
+      const float inv = row_rms_inv(v, c, p.norm_eps);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i) {
         v[i] = rms_apply(v[i], inv, w[i]);
@@ -188,8 +222,8 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
     if (rope_lane && in_seq) {
       const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * c;
       float cosv[T::kChunk], sinv[T::kChunk];
-      unpack_bf16x8(sage_gload<u32x4>(p.rope_cos, 2 * cs), cosv);
-      unpack_bf16x8(sage_gload<u32x4>(p.rope_sin, 2 * cs), sinv);
+      unpack_f32x8(p.rope_cos, 4 * cs, cosv);
+      unpack_f32x8(p.rope_sin, 4 * cs, sinv);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i)
         v[i] = rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i]);
@@ -209,7 +243,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
 #pragma unroll
   for (int wv = 0; wv < T::kQkThreads / kWaveSize; ++wv)
     if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
-  const float scale = block_scale(amax, kInt8Max);
+  const float scale = int8_block_scale(amax);
 
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
@@ -218,7 +252,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
       word[i / 4] |= uint32_t(uint8_t(quant_i8(x[pass][i], scale))) << (8 * (i % 4));
-    sage_gstore<v2i32>(sd.out8, qk8_offset(head, sd.len_pad, s, T::kChunk * c),
+    sage_gstore<v2i32>(sd.out8, qk8_offset(p.heads, sd.len_pad, b, s, hd, T::kChunk * c),
                        v2i32{int(word[0]), int(word[1])});
   }
   if (tid == 0)
@@ -260,7 +294,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
         unpack_bf16x8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)), x);
 #pragma unroll
         for (int i = 0; i < T::kChunk; ++i)
-          word[i] |= uint32_t(f32_to_e4m3_sat(x[i] / scale[i])) << (8 * k);
+          word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
       }
     }
 #pragma unroll
@@ -275,6 +309,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   for (int step = 0; step < SAGE_HEAD_DIM / kRowsPerStep; ++step) {
     const int ch = tid / kPiecesPerRow + step * kRowsPerStep;
     const int k16 = 16 * (tid % kPiecesPerRow);
+    if (int64_t(tile) * kVtKeys + k16 >= p.kv_len_pad) continue;  // past the padded length
     u32x4 out;
     out.x = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16));
     out.y = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 4));
@@ -305,28 +340,8 @@ int check_launch(int rc, const char* kernel) {
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   using sage::gfx12::PrepTraits;
   namespace g = sage::gfx12;
-  if (!params) return sage::set_error("sage_prepare_launch: null params");
+  if (!sage::check_prepare_params(params)) return 1;
   const SageParams& p = *params;
-  if (p.batch < 1 || p.heads < 1 || p.q_len < 1 || p.kv_len < 1)
-    return sage::set_error("sage_prepare_launch: empty problem (batch=%d heads=%d q_len=%d "
-                           "kv_len=%d)", p.batch, p.heads, p.q_len, p.kv_len);
-  if (p.q_len_pad != sage::padded_len(p.q_len) || p.kv_len_pad != sage::padded_len(p.kv_len))
-    return sage::set_error("sage_prepare_launch: q_len_pad/kv_len_pad must be the lengths "
-                           "rounded up to %d", SAGE_SEQ_ALIGN);
-  if (!p.q || !p.k || !p.v || !p.q8 || !p.q_scale || !p.k8 || !p.k_scale || !p.v8 ||
-      !p.v_scale)
-    return sage::set_error("sage_prepare_launch: null tensor pointer");
-  if ((p.q_norm_weight == nullptr) != (p.k_norm_weight == nullptr))
-    return sage::set_error("sage_prepare_launch: q_norm_weight and k_norm_weight go together");
-  if ((p.rope_cos == nullptr) != (p.rope_sin == nullptr))
-    return sage::set_error("sage_prepare_launch: rope_cos and rope_sin go together");
-  if (p.rope_cos && !sage::rope_dim_supported(p.rope_dim))
-    return sage::set_error("sage_prepare_launch: rope_dim %d not in {32, 64, 96, 128}",
-                           p.rope_dim);
-  if (p.rope_cos && p.q_len != p.kv_len)
-    return sage::set_error("sage_prepare_launch: RoPE needs q_len == kv_len");
-  if (p.heads > 65535 || p.batch > 65535)
-    return sage::set_error("sage_prepare_launch: batch and heads must be <= 65535");
   const unsigned B = unsigned(p.batch), H = unsigned(p.heads);
 
   int rc = sage_launch(g::sage_prepare_v_scale_kernel, sage_dim3{H, B, 1}, PrepTraits::kVsThreads,
@@ -337,7 +352,7 @@ SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
                    stream, p);
   if (rc) return check_launch(rc, "qk");
   rc = sage_launch(g::sage_prepare_v_quant_kernel,
-                   sage_dim3{unsigned(p.kv_len_pad / sage::gfx12::kVtKeys), H, B},
+                   sage_dim3{unsigned((p.kv_len_pad + g::kVtKeys - 1) / g::kVtKeys), H, B},
                    PrepTraits::kVqThreads, stream, p);
   return rc ? check_launch(rc, "v_quant") : 0;
 }

@@ -62,11 +62,13 @@ def make_inputs(b, h, s, device, seed=0):
 def provider_calls(q, k, v, scale, backend):
     """name -> zero-argument callable returning the output in [B, S, H, D]."""
     prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
+    s = q.shape[1]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
     return {
         "sage": lambda: aiter_sage.gfx1201_sage_attention(q, k, v, scale, backend=backend),
-        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(prepared, backend=backend),
+        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(*prepared, s,
+                                                                   backend=backend)[:, :s],
         "sdpa_bf16": lambda: sdpa(qh, kh, vh, scale=scale).transpose(1, 2),
     }
 

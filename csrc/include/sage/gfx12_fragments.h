@@ -82,6 +82,13 @@ SAGE_HD constexpr int k_piece_row(int piece) { return piece >> 3; }     // key w
 SAGE_HD constexpr int k_piece_chunk(int piece) { return piece & 7; }    // 16-channel chunk
 SAGE_HD constexpr int v_piece_channel(int piece) { return piece >> 1; }
 SAGE_HD constexpr int v_piece_half(int piece) { return piece & 1; }     // keys 16*half..+15
+// Mask of the bytes of 32-bit word `word` (bytes 4*word .. 4*word+3 of a 16-byte piece) that
+// lie among the piece's first `n` bytes (n may be <= 0 or >= 16).
+SAGE_HD constexpr uint32_t first_bytes_mask(int word, int n) {
+  return n >= 4 * word + 4 ? 0xffffffffu
+         : n <= 4 * word   ? 0u
+                           : (1u << (8 * (n - 4 * word))) - 1u;
+}
 
 // ------------------------------------------------------------------ prepare: Q / K ------
 // A 32-row block is handled by a 128-thread workgroup: 16 lanes per row, lane chunk c holds

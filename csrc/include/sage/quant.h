@@ -8,13 +8,8 @@
 
 namespace sage {
 
-// float32(log2(e)): Q is pre-multiplied by softmax_scale * log2(e) so the kernel uses exp2.
-constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kInt8Max = 127.0f;
 constexpr float kFp8Max = 448.0f;  // largest finite OCP e4m3fn value
-// RMSNorm reduction order (see rms_sum_squares): 16 partial sums of 8 consecutive channels.
-constexpr int kNormPartials = 16;
-constexpr int kNormChunk = SAGE_HEAD_DIM / kNormPartials;
 
 SAGE_HD uint32_t f32_bits(float x) { return __builtin_bit_cast(uint32_t, x); }
 SAGE_HD float bits_f32(uint32_t u) { return __builtin_bit_cast(float, u); }
@@ -30,20 +25,30 @@ SAGE_HD sage_bf16_t f32_to_bf16(float x) {
 // Products and sums of BF16 tensors in eager PyTorch: computed in FP32, rounded to BF16.
 SAGE_HD float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-// Q' = q * float32(float32(softmax_scale) * float32(log2 e)).
-SAGE_HD float q_prescale(float softmax_scale) { return softmax_scale * kLog2e; }
-
-// One scale for a block from its absolute maximum; a block whose scale would be zero
-// (all-zero, or so small that amax/qmax underflows) gets scale 1 and quantizes to zeros.
-SAGE_HD float block_scale(float amax, float qmax) {
-  float s = amax / qmax;
-  return s > 0.0f ? s : 1.0f;
+// Q factor float32(softmax_scale * log2 e), the product in double (host side: the binding
+// fills SageParams::q_prescale with it; the kernels then use exp2).
+inline float q_prescale_from(double softmax_scale) {
+  return float(softmax_scale * 1.4426950408889634);
 }
-// INT8: clamp(rne(x / s), -127, 127). A NaN quotient (non-finite input) maps to -127.
+
+// INT8 block scale: amax / 127. A block whose scale is not > 0 (all zero, underflowing, NaN)
+// gets zero codes and keeps that scale.
+SAGE_HD float int8_block_scale(float amax) { return amax / kInt8Max; }
+// An integral float -> int8 as torch's .to(torch.int8) does: through int32 (NaN and values
+// out of int32 range give INT32_MIN), then the low byte. Quotients beyond +-127.5 need a
+// subnormal block scale; they wrap here exactly as in upstream's reference.
+SAGE_HD int8_t int8_like_torch(float t) {
+  const int32_t i =
+      (t == t && __builtin_fabsf(t) < 2147483648.0f) ? int32_t(t) : (-2147483647 - 1);
+  return int8_t(uint8_t(uint32_t(i) & 0xffu));
+}
+// INT8 code of x in a block of scale s: t = x / s, then trunc(t +- 0.5) (ties away from zero,
+// the addition rounded to float32 first, as upstream); int32(t) truncates toward zero.
 SAGE_HD int8_t quant_i8(float x, float scale) {
-  float r = __builtin_rintf(x / scale);
-  r = __builtin_fminf(__builtin_fmaxf(r, -kInt8Max), kInt8Max);
-  return int8_t(r);
+  if (!(scale > 0.0f)) return 0;
+  float t = x / scale;
+  t = t + (t >= 0.0f ? 0.5f : -0.5f);
+  return int8_like_torch(t);
 }
 
 // OCP e4m3fn with round-to-nearest-even and saturation to +-448 (NaN -> 0x7f | sign).
@@ -73,36 +78,54 @@ SAGE_HD float e4m3_to_f32(sage_fp8_t b) {
   return (b & 0x80u) ? -mag : mag;
 }
 
-// ---- fused QK RMSNorm + RoPE, rounded like the eager BF16 PyTorch sequence ----
-// Sum of squares in a pinned order: partial p[j] = sequential sum of channels 8j..8j+7,
-// then halving p[j] + p[j + n/2] for n = 16, 8, 4, 2 (a butterfly over 16 lanes gives
-// exactly this). ref.py spells the same order with torch ops.
-SAGE_HD float rms_tree_reduce(float* p) {
-  for (int n = kNormPartials / 2; n >= 1; n /= 2)
-    for (int j = 0; j < n; ++j) p[j] = p[j] + p[j + n];
-  return p[0];
+// V channel scale: amax * float32(1/448) (a multiplication by the rounded constant).
+constexpr float kInvFp8Max = 1.0f / 448.0f;
+SAGE_HD float v_channel_scale(float amax) { return amax * kInvFp8Max; }
+// e4m3 code of v in a channel of scale s (0 where s is not > 0).
+SAGE_HD sage_fp8_t quant_v(float v, float scale) {
+  return f32_to_e4m3_sat(scale > 0.0f ? v / scale : 0.0f);
 }
-SAGE_HD float rms_chunk_sum(const float* x8) {
-  float s = x8[0] * x8[0];
-  for (int i = 1; i < kNormChunk; ++i) s = s + x8[i] * x8[i];
-  return s;
+
+// ---- fused QK RMSNorm + RoPE (upstream: F.rms_norm, then RoPE in FP32) ----
+// Sum of squares of a 128-channel row in the pinned order of aiter_sage/ref.py
+// rms_sum_squares: 4 accumulators x 8 lanes, accumulator a lane l summing channels
+// 8a + l + 32i for i = 0..3 in turn; then ((a0 + a1) + a2) + a3 per lane; then lanes 0..7
+// in turn (torch's CPU reduction order at its AVX2 capability).
+constexpr int kNormLanes = 8;
+constexpr int kNormAccs = 4;
+constexpr int kNormRounds = SAGE_HEAD_DIM / (kNormLanes * kNormAccs);  // 4
+SAGE_HD float rms_sum_squares(const float* x) {
+  float total = 0.0f;
+  for (int l = 0; l < kNormLanes; ++l) {
+    float lane = 0.0f;
+    for (int a = 0; a < kNormAccs; ++a) {
+      const int c0 = kNormLanes * a + l;
+      float acc = x[c0] * x[c0];
+      for (int i = 1; i < kNormRounds; ++i) {
+        const int c = c0 + kNormLanes * kNormAccs * i;
+        acc = acc + x[c] * x[c];
+      }
+      lane = a == 0 ? acc : lane + acc;
+    }
+    total = l == 0 ? lane : total + lane;
+  }
+  return total;
 }
-// 1 / sqrt(mean + eps) with each step correctly rounded.
+// 1 / sqrt(sum / 128 + eps) with each step correctly rounded.
 SAGE_HD float rms_inv(float sum_squares, float eps) {
   float mean = sum_squares / float(SAGE_HEAD_DIM);
   return 1.0f / __builtin_sqrtf(mean + eps);
 }
-// y = bf16(x * inv) * w (BF16 * BF16 -> BF16).
-SAGE_HD float rms_apply(float x, float inv, float w) {
-  return bf16_round(bf16_round(x * inv) * w);
-}
-// Rotate-half RoPE of channel c < rope_dim: x*cos + rotate_half(x)*sin, where
-// rotate_half(x)[c] = -x[c + rd/2] for c < rd/2 and x[c - rd/2] otherwise; each product and
-// the sum rounded to BF16. `partner` is x[c +- rd/2].
-SAGE_HD float rope_apply(float x, float partner, int c, int rope_dim, float cos_c,
-                                float sin_c) {
-  float rot = c < rope_dim / 2 ? -partner : partner;
-  return bf16_round(bf16_round(x * cos_c) + bf16_round(rot * sin_c));
+// y = bf16((x * inv) * w): FP32 inside, one rounding.
+SAGE_HD float rms_apply(float x, float inv, float w) { return bf16_round((x * inv) * w); }
+// Rotate-half RoPE of channel c < rope_dim in FP32 with one rounding to BF16: x*cos + rot*sin,
+// rot = -x[c + rd/2] for c < rd/2 and x[c - rd/2] otherwise; `partner` is x[c +- rd/2]. Each
+// product and the sum are separate float32 roundings (callers compile with contraction off).
+SAGE_HD float rope_apply(float x, float partner, int c, int rope_dim, float cos_c, float sin_c) {
+  const float rot = c < rope_dim / 2 ? -partner : partner;
+  const float a = x * cos_c;
+  const float b = rot * sin_c;
+  return bf16_round(a + b);
 }
 SAGE_HD bool rope_dim_supported(int rope_dim) {
   return rope_dim == 32 || rope_dim == 64 || rope_dim == 96 || rope_dim == 128;
