@@ -56,8 +56,21 @@ def build_modules(arch: str) -> dict:
     return {name: jit_driver.ensure_module(name, arch) for name in table.KERNEL_MODULES}
 
 
+def _has_section(so: Path, section: str) -> bool:
+    out = subprocess.run([tool("llvm-readelf"), "-S", "-W", str(so)], check=True,
+                         capture_output=True, text=True).stdout
+    return section in out.split()
+
+
 def extract_code_object(so: Path, arch: str, work: Path) -> Path:
-    """The amdgcn ELF for `arch` from a HIP .so (its .hip_fatbin section is a clang bundle)."""
+    """The amdgcn ELF for `arch` from a module .so: a hipcc/clang build carries a clang bundle
+    in .hip_fatbin, a hiprtc build (aiter_sage/hiprtc.py) the code object itself in
+    .sage_code_object."""
+    if _has_section(so, ".sage_code_object"):
+        co = work / f"{so.stem}.{arch}.co"
+        subprocess.run([tool("llvm-objcopy"), f"--dump-section=.sage_code_object={co}", str(so),
+                        str(work / f"{so.stem}.stripped")], check=True, capture_output=True)
+        return co
     fatbin = work / f"{so.stem}.fatbin"
     subprocess.run([tool("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", str(so),
                     str(work / f"{so.stem}.stripped")], check=True, capture_output=True)

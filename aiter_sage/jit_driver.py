@@ -151,7 +151,8 @@ def _include_flags() -> tuple[str, ...]:
 
 _INSTALL_HINT = {
     "hip": "install ROCm (hipcc, https://rocm.docs.amd.com) or, on Debian/Ubuntu, "
-           "`apt-get install clang-19 lld-19 libamdhip64-dev`; or set HIPCC to a HIP compiler",
+           "`apt-get install clang-19 lld-19 libamdhip64-dev`; or set HIPCC to a HIP compiler; "
+           "or install ROCm's PyTorch, whose libhiprtc builds the modules (docs/hiprtc.md)",
     "emu": "install clang (`apt-get install clang-19`) or set AITER_SAGE_EMU_CXX to a clang++",
     "cpu": "install a C++ compiler (`apt-get install g++`) or set CXX",
     "torch": "install a C++ compiler (`apt-get install g++`) or set CXX",
@@ -163,19 +164,53 @@ def _missing(kind: str, target: str) -> CompilerNotFound:
                             f"{_INSTALL_HINT[kind]}")
 
 
-def _hip_toolchain(arch: str) -> Toolchain:
+HIP_TOOLCHAINS = ("hipcc", "clang", "hiprtc")  # order of preference for the gfx targets
+
+
+def _hipcc_toolchain(arch: str) -> Toolchain | None:
+    """ROCm's hipcc: its own device libraries and runtime."""
     hipcc = _which(os.environ.get("HIPCC", ""), os.path.join(_rocm_path(), "bin", "hipcc"), "hipcc")
+    if not hipcc:
+        return None
     common = ("-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}") + _include_flags()
-    if hipcc:  # ROCm: its own device libraries and runtime
-        return Toolchain("hip", hipcc, ("-x", "hip") + common, ("-shared", f"--offload-arch={arch}"))
+    return Toolchain("hip", hipcc, ("-x", "hip") + common, ("-shared", f"--offload-arch={arch}"))
+
+
+def _clang_hip_toolchain(arch: str) -> Toolchain | None:
+    """Plain LLVM with Debian's HIP headers/runtime: no gfx12 device libraries exist there, so
+    -nogpulib; the kernels use only builtins through csrc/include/sage/platform.h."""
     clang = _which(os.environ.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20",
                    "clang++-18")
     if not clang or not _which("ld.lld-19", "ld.lld-20", "ld.lld-18", "ld.lld"):
-        raise _missing("hip", arch)
-    # Plain LLVM with Debian's HIP headers/runtime: no gfx12 device libraries exist there, so
-    # -nogpulib; the kernels use only builtins through csrc/include/sage/platform.h.
+        return None
+    common = ("-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}") + _include_flags()
     return Toolchain("hip", clang, ("-x", "hip", "-nogpulib") + common,
                      ("-shared", "-lamdhip64"))
+
+
+def _hip_toolchain(arch: str) -> Toolchain:
+    """hipcc, else clang++ --offload-arch, else hiprtc; AITER_SAGE_HIP_TOOLCHAIN forces one."""
+    forced = os.environ.get("AITER_SAGE_HIP_TOOLCHAIN", "").strip().lower()
+    if forced and forced not in HIP_TOOLCHAINS:
+        raise ValueError(f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced!r} is not one of "
+                         f"{', '.join(HIP_TOOLCHAINS)}")
+    makers = {"hipcc": _hipcc_toolchain, "clang": _clang_hip_toolchain,
+              "hiprtc": _hiprtc_toolchain}
+    reasons = []
+    for name in (forced,) if forced else HIP_TOOLCHAINS:
+        try:
+            tc = makers[name](arch)
+        except CompilerNotFound as e:  # hiprtc says which of its pieces is missing
+            tc, reason = None, str(e)
+        else:
+            reason = f"{name}: not found"
+        if tc is not None:
+            return tc
+        reasons.append(reason)
+    if forced:
+        raise CompilerNotFound(f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced} but "
+                               f"{'; '.join(reasons)}")
+    raise CompilerNotFound(f"{_missing('hip', arch)} ({'; '.join(reasons)})")
 
 
 def _emu_toolchain(sanitize: bool) -> Toolchain:
@@ -406,7 +441,10 @@ def build_into(module, target: str, out_dir: Path) -> Path:
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix=f".build-{stem}-", dir=out_dir) as tmp:
             tmp_so = Path(tmp) / f"{stem}.so"
-            write_ninja(spec, tc, Path(tmp), tmp_so)
+            if isinstance(tc, HiprtcToolchain):
+                tc.write_ninja(spec, Path(tmp), tmp_so)
+            else:
+                write_ninja(spec, tc, Path(tmp), tmp_so)
             _run_ninja(Path(tmp), spec, target)
             meta = dict(key=key, sha256=_sha256_file(tmp_so), module=name, target=target,
                         sources=digest,
@@ -481,3 +519,107 @@ def prebuild(archs, out_root: Path) -> list[Path]:
     for name, arch in module_table().modules_for_archs(archs):
         built.append(build_into(name, arch, out_root / arch))
     return built
+
+
+# ----------------------------------------------------------------------------------------------
+# hiprtc: the gfx modules without hipcc or clang (docs/hiprtc.md, aiter_sage/hiprtc.py)
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HiprtcToolchain(Toolchain):
+    """Device half by hiprtc (run by ninja through aiter_sage/hiprtc.py), host half and link by
+    the host compiler (`compiler`). The cache key's identity names the host compiler, the
+    hiprtc library and its version, the device options and the hiprtc.py that embeds."""
+
+    arch: str = ""
+    hiprtc_lib: str = ""
+    hiprtc_version: str = ""
+    device_flags: tuple[str, ...] = ()
+
+    @property
+    def identity(self) -> str:
+        script = hashlib.sha256(_hiprtc_script().read_bytes()).hexdigest()[:16]
+        return (f"{_compiler_identity(self.compiler)}\nhiprtc {self.hiprtc_lib} "
+                f"{self.hiprtc_version}\ndevice {' '.join(self.device_flags)}\n"
+                f"hiprtc.py {script}")
+
+    def write_ninja(self, spec, build_dir: Path, output: Path) -> Path:
+        root = _src_root(spec)
+        hip = [s for s in spec.sources[self.kind] if s.endswith(".hip")]
+        if len(hip) != 1:  # one embedded code object per module (sage_hiprtc_code_object)
+            raise ValueError(f"aiter_sage: the hiprtc toolchain builds modules with exactly one "
+                             f".hip source; {spec.name} has {hip}")
+        lines = [
+            "ninja_required_version = 1.3",
+            f"cxx = {_q(self.compiler)}",
+            f"cflags = {' '.join(_q(f) for f in self.cflags + tuple(spec.flags))}",
+            f"ldflags = {' '.join(_q(f) for f in self.ldflags)}",
+            f"hiprtc = {_q(sys.executable)} {_q(_hiprtc_script())} compile --arch {self.arch} "
+            f"--csrc {_q(csrc_dir())}",
+            "rule hiprtc\n  command = $hiprtc $in -o $co --embed $out\n"
+            "  description = HIPRTC $in",
+            "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
+            "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",
+        ]
+        objs = []
+        for i, src in enumerate(spec.sources[self.kind]):
+            stem = f"{i}_{Path(src).stem}"
+            host_obj = build_dir / f"{stem}.host.o"
+            lines.append(f"build {_q(host_obj)}: cxx {_q(root / src)}\n"
+                         f"  lang = {'-x c++' if src.endswith('.hip') else ''}")
+            objs.append(_q(host_obj))
+            if src.endswith(".hip"):
+                co, embed = build_dir / f"{stem}.co", build_dir / f"{stem}_co.cpp"
+                lines.append(f"build {_q(embed)} | {_q(co)}: hiprtc {_q(root / src)}\n"
+                             f"  co = {_q(co)}")
+                lines.append(f"build {_q(build_dir / f'{stem}_co.o')}: cxx {_q(embed)}\n"
+                             "  lang =")
+                objs.append(_q(build_dir / f"{stem}_co.o"))
+        lines.append(f"build {_q(output)}: link {' '.join(objs)}")
+        path = build_dir / "build.ninja"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+
+def _hiprtc_script() -> Path:
+    return PKG_DIR / "hiprtc.py"
+
+
+@functools.lru_cache(None)
+def _hiprtc_module():
+    """aiter_sage/hiprtc.py, also when this file was loaded by path (setup.py's prebuild)."""
+    if __package__:
+        from . import hiprtc
+
+        return hiprtc
+    spec = importlib.util.spec_from_file_location("aiter_sage_hiprtc", _hiprtc_script())
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _hiprtc_toolchain(arch: str) -> HiprtcToolchain:
+    """Raises CompilerNotFound naming the missing piece: libhiprtc, HIP headers, a host C++."""
+    rtc = _hiprtc_module()
+    try:
+        lib = rtc.load_library()
+        version = lib.version()
+    except rtc.HiprtcNotFound as e:
+        raise CompilerNotFound(str(e)) from None
+    hip_inc = rtc.find_hip_include()
+    if hip_inc is None:
+        where = ", ".join(str(d) for d in rtc.hip_include_candidates())
+        raise CompilerNotFound(f"aiter_sage: hiprtc found ({lib.path}) but no HIP runtime headers "
+                               f"(hip/hip_runtime_api.h) in {where}; set ROCM_PATH")
+    cxx = _host_cxx()
+    if not cxx:
+        raise CompilerNotFound(f"aiter_sage: hiprtc needs a host C++ compiler for the launch "
+                               f"code: {_INSTALL_HINT['cpu']}")
+    # The host half parses the kernel bodies against declarations only (sage/hiprtc_host.h);
+    # -Wno-unknown-pragmas: their clang/unroll pragmas mean nothing there.
+    cflags = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DSAGE_HIPRTC_HOST",
+              "-D__HIP_PLATFORM_AMD__", "-Wno-unknown-pragmas")
+    if str(hip_inc) not in ("/usr/include", "/usr/local/include"):  # -isystem on a default
+        cflags += (f"-isystem{hip_inc}",)  # dir would break libstdc++'s #include_next
+    return HiprtcToolchain("hip", cxx, cflags + _include_flags(), ("-shared", "-pthread", "-ldl"),
+                           arch=arch, hiprtc_lib=lib.path, hiprtc_version=version,
+                           device_flags=tuple(rtc.device_options(arch)))

@@ -358,6 +358,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
 }  // namespace gfx12
 }  // namespace sage
 
+#if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
@@ -378,3 +379,4 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   }
   return 0;
 }
+#endif  // SAGE_HOST_LAUNCH

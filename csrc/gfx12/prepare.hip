@@ -323,6 +323,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
 }  // namespace gfx12
 }  // namespace sage
 
+#if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=gfx12")
 
 namespace {
@@ -356,3 +357,4 @@ SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
                    PrepTraits::kVqThreads, stream, p);
   return rc ? check_launch(rc, "v_quant") : 0;
 }
+#endif  // SAGE_HOST_LAUNCH

@@ -9,8 +9,10 @@
 //   int         sage_prepare_launch(const SageParams*, void* stream);    prepare modules
 //   int         sage_attention_launch(const SageParams*, void* stream);  attention modules
 #pragma once
-#include <stdio.h>
 #include "sage/params.h"
+// The device half of a hiprtc build has no host launch section and no <stdio.h>.
+#if !defined(SAGE_HIPRTC)
+#include <stdio.h>
 
 namespace sage {
 inline char* last_error_buffer() {
@@ -37,3 +39,4 @@ inline int set_error(const char* msg) {
   SAGE_EXPORT const char* sage_module_last_error(void) {                        \
     return sage::last_error_buffer();                                           \
   }
+#endif  // !SAGE_HIPRTC

@@ -1,7 +1,13 @@
 // aiter_sage platform shim: the only place where kernel code meets a platform.
 //
 //   SAGE_EMU  : the gfx12 wave emulator (csrc/emu) runs the csrc/gfx12 sources on the CPU.
-//   __HIP__   : real HIP (ROCm hipcc, or clang++ --offload-arch with -nogpulib).
+//   __HIP__   : real HIP (ROCm hipcc, or clang++ --offload-arch with -nogpulib). With
+//               SAGE_HIPRTC too: the device half of a hiprtc build (hiprtc pre-includes its
+//               own runtime header and resolves no system header; the host launch sections of
+//               csrc/gfx12 are compiled out, see SAGE_HOST_LAUNCH).
+//   SAGE_HIPRTC_HOST: the host half of a hiprtc build, plain C++ (g++ or clang++) against
+//               the HIP runtime headers: kernels become named handles and sage_launch runs
+//               them from the hiprtc code object through the HIP module API (sage/hiprtc_host.h).
 //   __CUDACC__: NVIDIA port.
 //   otherwise : plain host C++ (cpu backend, host tests).
 //
@@ -11,8 +17,18 @@
 // (Debian's HIP headers implement threadIdx through ockl, which has no gfx12 build; the
 // workitem builtins keep -nogpulib builds link-clean.)
 #pragma once
-#include <stdint.h>
+#include <stdint.h>  // under hiprtc: sage/hiprtc/stdint.h, passed as a named header
+#if !defined(SAGE_HIPRTC)
 #include <string.h>
+#endif
+
+// True where a .hip file's host launch section (module ABI, validation, grids, launches) is
+// compiled: everywhere except the device half of a hiprtc build.
+#if defined(SAGE_HIPRTC)
+#define SAGE_HOST_LAUNCH 0
+#else
+#define SAGE_HOST_LAUNCH 1
+#endif
 
 #if defined(SAGE_EMU)
 #define SAGE_HD inline
@@ -48,8 +64,13 @@
 #if defined(SAGE_EMU)
 #include "emu/sage_emu.h"  // implements the kernel API on the CPU
 
+#elif defined(SAGE_HIPRTC_HOST)
+#include "sage/hiprtc_host.h"  // the kernel API as host declarations + module-API launches
+
 #elif defined(__HIP__)
+#if !defined(SAGE_HIPRTC)
 #include <hip/hip_runtime.h>
+#endif
 
 typedef int v2i32 __attribute__((ext_vector_type(2)));
 typedef int v8i32 __attribute__((ext_vector_type(8)));
@@ -107,6 +128,11 @@ SAGE_DEVICE float sage_readlane(float v, int lane) {
   return __builtin_bit_cast(float, __builtin_amdgcn_readlane(__builtin_bit_cast(int, v), lane));
 }
 
+// (hiprtc only: a hipcc/clang host pass may not report the device builtins.)
+// A compiler without the gfx12 builtins (an older hiprtc building the prepare kernels for an
+// older arch, as CI does) gets these as deleted functions: a kernel that needs them fails to
+// compile naming the wrapper, and the kernels that do not still build.
+#if !defined(SAGE_HIPRTC) || __has_builtin(__builtin_amdgcn_wmma_i32_16x16x16_iu8_w32_gfx12)
 template <bool kSignedA, bool kSignedB, bool kClamp>
 SAGE_DEVICE v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c) {
   return __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32_gfx12(kSignedA, a, kSignedB, b, c, kClamp);
@@ -121,7 +147,18 @@ SAGE_DEVICE int sage_cvt_pk_fp8(float x, float y, int old, bool hi) {
   return hi ? __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, true)
             : __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, false);
 }
+#else
+template <bool kSignedA, bool kSignedB, bool kClamp>
+v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c) = delete;
+v8i32 sage_wmma_i32_iu8(v2i32 a, v2i32 b, v8i32 c) = delete;
+v8f32 sage_wmma_f32_fp8(v2i32 a, v2i32 b, v8f32 c) = delete;
+int sage_cvt_pk_fp8(float x, float y, int old, bool hi) = delete;
+#endif
+#if !defined(SAGE_HIPRTC) || __has_builtin(__builtin_amdgcn_exp2f)
 SAGE_DEVICE float sage_exp2f(float x) { return __builtin_amdgcn_exp2f(x); }
+#else
+float sage_exp2f(float x) = delete;
+#endif
 SAGE_DEVICE float sage_sqrtf(float x) { return __builtin_sqrtf(x); }
 SAGE_DEVICE float sage_rintf(float x) { return __builtin_rintf(x); }
 SAGE_DEVICE float sage_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
@@ -129,6 +166,7 @@ SAGE_DEVICE float sage_fminf(float a, float b) { return __builtin_fminf(a, b); }
 SAGE_DEVICE float sage_fabsf(float x) { return __builtin_fabsf(x); }
 SAGE_DEVICE float sage_rcpf(float x) { return 1.0f / x; }
 
+#if !defined(SAGE_HIPRTC)  // hiprtc compiles device code only
 struct sage_dim3 { unsigned x, y, z; };
 template <class... KArgs, class... Args>
 inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads, void* stream,
@@ -137,4 +175,5 @@ inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned thread
                      static_cast<hipStream_t>(stream), args...);
   return static_cast<int>(hipGetLastError());
 }
+#endif  // !SAGE_HIPRTC
 #endif
