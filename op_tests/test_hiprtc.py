@@ -117,7 +117,7 @@ def test_host_half_exports_the_module_abi_and_loads(hiprtc_env):
              "print(m.sage_prepare_launch(None,None), m.sage_module_last_error().decode())")
     out = subprocess.run([sys.executable, "-c", probe, str(so)], check=True,
                          capture_output=True, text=True).stdout
-    assert out.strip() == "1 sage_prepare_launch: null params", out
+    assert out.strip() == "1 sage_prepare_launch: null SageParams", out
 
 
 def test_second_call_hits_the_cache(hiprtc_env):
@@ -207,26 +207,28 @@ def test_library_search_order(monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # gfx1201 through hiprtc: needs a hiprtc whose compiler knows gfx1201 (ROCm >= 6.4)
 # ----------------------------------------------------------------------------------------------
-def _build_gfx1201_or_skip(name: str) -> Path:
-    try:
-        return jit_driver.ensure_module(name, "gfx1201")
-    except jit_driver.BuildError as e:
-        log = str(e)
-        if "does not know the ISA" in log or "unknown target" in log.lower() \
-                or "invalid target" in log.lower() or "unsupported" in log.lower():
-            pytest.skip(f"this hiprtc ({hiprtc.load_library().path}, version "
-                        f"{hiprtc.load_library().version()}) does not know gfx1201")
-        raise
+def _unknown_arch(log: str) -> bool:
+    low = log.lower()
+    return ("does not know the isa" in low or "unknown target" in low or "invalid target" in low
+            or "unsupported" in low)
 
 
 def test_gfx1201_modules_and_isa(hiprtc_env):
-    """Both modules for gfx1201 through hiprtc, held to test_isa.py's ISA properties."""
+    """Both modules for gfx1201 through hiprtc, held to test_isa.py's ISA properties — or,
+    with a hiprtc too old to know gfx1201 (Debian's comgr), a BuildError whose text carries
+    hiprtc's own log saying so (never a crash or a silent fallback)."""
     from test_isa import TARGET_WAVES
 
     for tool in ("llvm-objcopy", "llvm-objdump", "llvm-readelf"):
         if not isa.tool(tool):
             _missing_prerequisite(f"{tool} (apt-get install llvm-19)")
-    sos = [_build_gfx1201_or_skip(n) for n in jit_driver.module_table().KERNEL_MODULES]
+    sos = []
+    for name in jit_driver.module_table().KERNEL_MODULES:
+        try:
+            sos.append(jit_driver.ensure_module(name, "gfx1201"))
+        except jit_driver.BuildError as e:
+            assert _unknown_arch(str(e)) and "hiprtc" in str(e), str(e)[-3000:]
+            return  # the old hiprtc's answer is the property checked here
     kernels = {k.name: k for so in sos for k in isa.analyze_so(so, "gfx1201")}
     assert set(TARGET_WAVES) <= set(kernels), sorted(kernels)
     loop = kernels["sage_attention_fwd_kernel"].loop

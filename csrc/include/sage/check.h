@@ -1,8 +1,9 @@
 // aiter_sage: the one validation of a SageParams, called by every module's launch function
 // (cpu, emu, gfx12) before any work. The torch binding checks tensors (dtype, shape, device)
 // and fills the struct; these checks guard the C ABI itself, so a caller other than the
-// binding gets the same clear errors. Host-only.
+// binding gets the same clear errors. Host-only: empty in a hiprtc device build.
 #pragma once
+#if !defined(SAGE_HIPRTC)
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
@@ -68,3 +69,4 @@ inline bool check_attention_params(const SageParams* p) {
 }
 
 }  // namespace sage
+#endif  // !SAGE_HIPRTC
