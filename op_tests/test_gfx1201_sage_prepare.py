@@ -200,7 +200,7 @@ def test_torch_op_positional_and_keyword_forms(backend):
 
 # ---- the reference against upstream's formulas --------------------------------------------
 def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin=None, eps=1e-6):
-    """DESIGN §2 / upstream's reference, written out step by step with plain torch ops:
+    """Upstream's reference, written out step by step with plain torch ops:
     F.rms_norm then FP32 RoPE; Q times float32(scale*log2e); block scale amax/127; codes
     trunc(t +- 0.5); V scale amax * float32(1/448), codes via torch's e4m3 converter."""
     rows = q.shape[1]

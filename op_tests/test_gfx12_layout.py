@@ -2,9 +2,9 @@
 
 A tiny C++ program includes the header (plain host C++: the functions are SAGE_HD) and dumps
 every mapping; the checks here prove that each mapping covers its elements exactly once, that
-the LDS access patterns are bank-conflict free, and that the layouts compose as DESIGN.md §4
-says: simulating the two WMMAs with the §4 lane semantics, the Sᵀ accumulator of K·Qᵀ fed as
-the P operand of Vᵀ·Pᵀ gives exactly P·V. Runnable as a script or under pytest."""
+the LDS access patterns are bank-conflict free, and that the layouts compose as
+csrc/gfx12/README.md ("gfx12 WMMA facts") says: simulating the two WMMAs with those lane
+semantics, the Sᵀ accumulator of K·Qᵀ fed as the P operand of Vᵀ·Pᵀ gives exactly P·V. Runnable as a script or under pytest."""
 
 import json
 import os
@@ -186,9 +186,9 @@ def test_staging_covers_tiles_once():
         assert p == t + 128 * s
 
 
-# ------------------------------------------------------- composition (DESIGN.md §4) -----
+# ------------------------------------------------------- composition (gfx12 WMMA facts) ------
 def _wmma(a_frag, b_frag, c_frag, d):
-    """D = A x B + C on lane fragments, with the lane semantics of DESIGN.md §4."""
+    """D = A x B + C on lane fragments, with the lane semantics of csrc/gfx12/README.md."""
     A = [[0] * 16 for _ in range(16)]
     B = [[0] * 16 for _ in range(16)]
     C = [[0] * 16 for _ in range(16)]

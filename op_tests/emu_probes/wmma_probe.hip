@@ -1,5 +1,5 @@
-// Emulator probe: one wave loads 16x16 tiles in the gfx12 WMMA lane layout (DESIGN.md section
-// 4), runs one WMMA and stores D. The host test compares with a scalar matmul.
+// Emulator probe: one wave loads 16x16 tiles in the gfx12 WMMA lane layout (csrc/gfx12/README.md,
+// "gfx12 WMMA facts"), runs one WMMA and stores D. The host test compares with a scalar matmul.
 //   A: [16][16] row-major (M x K), Bt: [16][16] row-major (N x K, i.e. B transposed),
 //   C, D: [16][16] row-major (M x N).
 #include "sage/platform.h"

@@ -5,7 +5,7 @@
 // exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
 // accumulator of one WMMA is the P operand of the next).
 //
-// gfx12 wave32 WMMA 16x16x16 (DESIGN.md §4): h = lane / 16, r = lane % 16, element j = 0..7 of
+// gfx12 wave32 WMMA 16x16x16 (csrc/gfx12/README.md, "gfx12 WMMA facts"): h = lane / 16, r = lane % 16, element j = 0..7 of
 // a lane's register vector (byte j of the v2i32 for 8-bit operands, VGPR j of C/D):
 //   A (M x K): row r,      column 8h + j
 //   B (K x N): row 8h + j, column r
