@@ -147,6 +147,26 @@ def test_padding_garbage_does_not_change_the_output(backend):
     assert torch.equal(got, clean)
 
 
+def _misaligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """The same values, contiguous, but 1 element past a 16-byte boundary."""
+    flat = t.new_empty(t.numel() + 1)
+    out = flat[1:].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.parametrize("backend", backend_params())
+def test_fwd_accepts_misaligned_prepared_tensors(backend):
+    """Contiguous prepared tensors at an odd address (inside a larger buffer): the GPU-style
+    backends copy what their 128-bit loads cannot take, instead of refusing."""
+    q, k, v = to_device(backend, *qkv(1, 70, 70, 2, seed=45))
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=backend)
+    odd = [_misaligned_copy(t) for t in prep]
+    assert all(t.is_contiguous() and t.data_ptr() % 16 for t in odd)
+    assert torch.equal(aiter_sage.gfx1201_sage_attention_fwd(*odd, 70, backend=backend),
+                       aiter_sage.gfx1201_sage_attention_fwd(*prep, 70, backend=backend))
+
+
 @pytest.mark.parametrize("backend", backend_params())
 def test_fwd_seq_len_shorter_than_the_tensors(backend):
     """seq_len below the prepared length: only the first seq_len queries and keys count."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -40,6 +41,18 @@ DEFAULT_SHAPES = {
     "cpu": dict(batch=1, heads=8, seqs=[1024, 2048, 4096]),
     "emu": dict(batch=1, heads=2, seqs=[256, 512]),
 }
+
+
+def cpu_name() -> str:
+    """The CPU model and whether it has the AVX-512 VNNI/BF16 the widest cpu tier uses."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
+                  if ln.startswith("model name")), "unknown")
+    wide = "avx512_vnni" in text and "avx512_bf16" in text
+    return f"'{model}' ({'AVX-512 VNNI/BF16' if wide else 'no AVX-512 VNNI/BF16'})"
 
 
 def best_backend() -> str:
@@ -101,7 +114,8 @@ def run(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"# aiter_sage benchmark: backend={backend} device={device} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__}")
+          f"threads={torch.get_num_threads()} torch={torch.__version__} cpu={cpu_name()} "
+          f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}")
     rows = []
     for s in seqs:
         q, k, v = make_inputs(batch, heads, s, device)
