@@ -5,13 +5,16 @@
 * A file lock serialises concurrent first calls from several processes (one builds, the
   others wait and then load its result); the ``.so`` and its manifest are installed by
   atomic rename, and a cached file whose hash does not match its manifest is rebuilt.
-* A missing compiler raises :class:`CompilerNotFound`, which says what to install.
+* A missing compiler raises :class:`CompilerNotFound`, which says what to install; a cache
+  directory that cannot hold or load modules raises :class:`CacheDirError`; a build lock held
+  too long (``AITER_SAGE_LOCK_TIMEOUT``) raises :class:`LockTimeout`, naming the holder.
 
 This module must not import torch at import time: ``setup.py`` uses it to prebuild.
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import functools
 import hashlib
@@ -20,7 +23,9 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,15 +34,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("aiter_sage")
-if not logger.handlers:  # one line per first build, visible by default
-    _handler = logging.StreamHandler()
-    _handler.setFormatter(logging.Formatter("[aiter_sage] %(message)s"))
-    logger.addHandler(_handler)
-    logger.setLevel(os.environ.get("AITER_SAGE_LOG_LEVEL", "INFO").upper())
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _configure_logger() -> None:
+    """One line per first build, visible by default; AITER_SAGE_LOG_LEVEL picks the level.
+
+    An unknown level must not make `import aiter_sage` fail: it is ignored with a warning."""
+    if logger.handlers:  # the application configured it already
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[aiter_sage] %(message)s"))
+    logger.addHandler(handler)
     logger.propagate = False
+    raw = os.environ.get("AITER_SAGE_LOG_LEVEL", "INFO")
+    level = raw.strip().upper()
+    logger.setLevel(level if level in LOG_LEVELS else "INFO")
+    if level not in LOG_LEVELS:
+        logger.warning("AITER_SAGE_LOG_LEVEL=%r is not a log level; using INFO (valid: %s)",
+                       raw, ", ".join(LOG_LEVELS))
+
+
+_configure_logger()
 
 PKG_DIR = Path(__file__).resolve().parent
-HOST_TARGETS = ("cpu", "emu", "torch")
 
 
 class CompilerNotFound(RuntimeError):
@@ -46,6 +66,14 @@ class CompilerNotFound(RuntimeError):
 
 class BuildError(RuntimeError):
     """A compile or link failed; the message carries the command and its output."""
+
+
+class CacheDirError(RuntimeError):
+    """The module cache cannot hold or load modules; the message says why and what to set."""
+
+
+class LockTimeout(TimeoutError):
+    """Another process held a build lock longer than AITER_SAGE_LOCK_TIMEOUT; names it."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,6 +130,68 @@ def cache_root() -> Path:
 
 def prebuilt_root() -> Path:
     return PKG_DIR / "_prebuilt"
+
+
+# ----------------------------------------------------------------------------------------------
+# The cache directory must be writable (to build) and on a mount that allows executable
+# mappings (to load what was built); otherwise say so instead of a raw OSError at dlopen.
+# ----------------------------------------------------------------------------------------------
+_CACHE_HINT = ("set AITER_SAGE_CACHE_DIR to a writable directory on a filesystem that is not "
+               "mounted noexec")
+
+
+def _cache_dir_error(path: Path, problem: str) -> CacheDirError:
+    return CacheDirError(f"aiter_sage: cannot use the module cache directory {path}: {problem}; "
+                         f"{_CACHE_HINT}")
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first existing component of `path` that is not a directory (mkdir's ENOTDIR/EEXIST)."""
+    for p in reversed((path, *path.parents)):
+        if p.exists() and not p.is_dir():
+            return p
+    return None
+
+
+def _mounted_noexec(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0))
+
+
+def usable_cache_dir(path: Path) -> Path:
+    """Creates the cache folder `path` if needed and checks that modules in it can be loaded.
+
+    Only creation is checked for writing: a read-only cache that already holds every module
+    is usable, and a build that needs to write reports it at the lock (:class:`_FileLock`)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = _file_in_the_way(path)
+        problem = (f"{blocker} is a file, not a directory" if blocker is not None
+                   else f"cannot create {path} ({e.strerror or e})")
+        raise _cache_dir_error(path, problem) from None
+    if _mounted_noexec(path):
+        raise _cache_dir_error(path, "it is on a filesystem mounted noexec, so the modules "
+                                     "built there cannot be loaded")
+    return path
+
+
+def _is_noexec_load_failure(err: OSError) -> bool:
+    """dlopen of a file on a noexec mount: glibc says "failed to map segment" (mmap: EPERM)."""
+    text = str(err)
+    return "failed to map segment" in text or "Operation not permitted" in text
+
+
+def load_library(path, mode: int = getattr(os, "RTLD_LOCAL", 0)) -> ctypes.CDLL:
+    """ctypes.CDLL of a built module; a noexec mount becomes a :class:`CacheDirError`."""
+    try:
+        return ctypes.CDLL(str(path), mode=mode)
+    except OSError as e:
+        if _is_noexec_load_failure(e):
+            raise _cache_dir_error(Path(path).parent,
+                                   f"the system refused to map {Path(path).name} as executable "
+                                   f"(noexec mount?): {e}") from e
+        raise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,21 +437,106 @@ def _is_valid(so: Path, manifest: Path, key: str) -> bool:
         return False
 
 
+# Waiting for another process's build: report who holds the lock at once and then every
+# LOCK_REPORT_EVERY_S, so that a hung builder is visible instead of a silent hang.
+LOCK_REPORT_EVERY_S = 30.0
+_LOCK_POLL_S = 0.1
+
+
+def _lock_timeout() -> float | None:
+    """AITER_SAGE_LOCK_TIMEOUT in seconds; unset or empty: wait for ever (with messages)."""
+    text = os.environ.get("AITER_SAGE_LOCK_TIMEOUT", "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"aiter_sage: AITER_SAGE_LOCK_TIMEOUT={text!r} is not a number of "
+                         f"seconds >= 0 (unset it to wait for ever)")
+    return value
+
+
+def _holder_record() -> bytes:
+    """What a lock holder writes into the lock file, for the processes that wait on it."""
+    command = " ".join(getattr(sys, "orig_argv", None) or sys.argv or [sys.executable])
+    return json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=command[:500],
+                           since=time.time())).encode()
+
+
+def _describe_holder(text: str) -> str:
+    try:
+        h = json.loads(text)
+        since = time.strftime("%H:%M:%S", time.localtime(float(h["since"])))
+        return f"pid {h['pid']} on {h['host']} since {since} ({h['command']})"
+    except (ValueError, KeyError, TypeError):
+        return "a process that has not recorded itself (an older aiter_sage?)"
+
+
 class _FileLock:
-    """Exclusive flock on a side file: concurrent builders in other processes wait here."""
+    """Exclusive flock on a side file: concurrent builders in other processes wait here.
+
+    The holder writes its pid, host and command line into the file; a waiter logs them and
+    gives up after AITER_SAGE_LOCK_TIMEOUT seconds with a :class:`LockTimeout`."""
 
     def __init__(self, path: Path):
         self.path = path
 
     def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:
+            problem = f"cannot write {self.path.name} in it ({e.strerror or e})"
+            raise _cache_dir_error(self.path.parent, problem) from None
+        try:
+            if not self._try_lock():
+                self._wait()
+        except BaseException:
+            os.close(self.fd)
+            raise
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, _holder_record(), 0)
         return self
 
     def __exit__(self, *exc):
+        os.ftruncate(self.fd, 0)  # a later waiter must not name a process that is gone
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         os.close(self.fd)
+
+    def _try_lock(self) -> bool:
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def _holder(self) -> str:
+        return _describe_holder(os.pread(self.fd, 4096, 0).decode(errors="replace"))
+
+    def _wait(self) -> None:
+        timeout = _lock_timeout()
+        start = next_report = time.monotonic()
+        reported = False
+        while True:
+            now = time.monotonic()
+            waited = now - start
+            if timeout is not None and waited >= timeout:
+                raise LockTimeout(
+                    f"aiter_sage: gave up after {waited:.1f} s "
+                    f"(AITER_SAGE_LOCK_TIMEOUT={timeout:g}) waiting for the build lock {self.path}, held by {self._holder()}; if that "
+                    f"process is hung, end it and retry")
+            if now >= next_report:
+                verb = f"still waiting ({waited:.0f} s)" if reported else "waiting"
+                logger.warning("%s for the build lock %s, held by %s%s", verb, self.path,
+                               self._holder(), "" if timeout is not None else
+                               " (AITER_SAGE_LOCK_TIMEOUT=SECONDS gives up)")
+                reported, next_report = True, now + LOCK_REPORT_EVERY_S
+            pause = _LOCK_POLL_S if timeout is None else min(_LOCK_POLL_S, timeout - waited)
+            time.sleep(max(pause, 0.0))
+            if self._try_lock():
+                return
 
 
 # ----------------------------------------------------------------------------------------------
@@ -380,29 +555,59 @@ def _ninja() -> str:
                                "`pip install ninja` or `apt-get install ninja-build`") from None
 
 
-def _q(s) -> str:
-    """Quote for ninja ($ and spaces) and the shell."""
-    s = str(s).replace("$", "$$")
-    return "'" + s.replace("'", "'\\''") + "'" if re.search(r"[\s'\"]", s) else s
+# Two escapings meet in build.ninja. Paths in `build` lines are read by ninja's lexer, where
+# "$", " " and ":" need "$$", "$ " and "$:" (and "|", newlines cannot be written at all);
+# ninja shell-quotes them itself when it substitutes $in / $out. Values of the variables that
+# the rules paste into a command (compiler, flags) reach /bin/sh verbatim, so they are
+# shell-quoted, and then every "$" is doubled for ninja.
+_NINJA_UNWRITABLE = re.compile(r"[|\n\r\0]")
+
+
+def _unwritable(text: str, what: str) -> BuildError:
+    bad = _NINJA_UNWRITABLE.search(text).group(0)
+    return BuildError(f"aiter_sage: the {what} {text!r} contains {bad!r}, which a ninja build "
+                      f"file cannot express; move it to a path without that character "
+                      f"(the module cache: AITER_SAGE_CACHE_DIR)")
+
+
+def ninja_path(path) -> str:
+    """A path as written in a ninja `build` line."""
+    text = str(path)
+    if _NINJA_UNWRITABLE.search(text):
+        raise _unwritable(text, "path")
+    return text.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
+
+
+def ninja_command_words(words) -> str:
+    """Words for a ninja variable that a rule substitutes into a shell command."""
+    out = []
+    for w in map(str, words):
+        if re.search(r"[\n\r\0]", w):
+            raise _unwritable(w, "compiler argument")
+        out.append(shlex.quote(w).replace("$", "$$"))
+    return " ".join(out)
 
 
 def write_ninja(spec, tc: Toolchain, build_dir: Path, output: Path) -> Path:
+    """build.ninja for one module; ninja runs in build_dir, so objects are named relative to
+    it and the cache directory's own name never has to appear in a build line."""
     root = _src_root(spec)
     lines = [
         "ninja_required_version = 1.3",
-        f"cxx = {_q(tc.compiler)}",
-        f"cflags = {' '.join(_q(f) for f in tc.cflags + tuple(spec.flags))}",
-        f"ldflags = {' '.join(_q(f) for f in tc.ldflags)}",
+        f"cxx = {ninja_command_words([tc.compiler])}",
+        f"cflags = {ninja_command_words(tc.cflags + tuple(spec.flags))}",
+        f"ldflags = {ninja_command_words(tc.ldflags)}",
         "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
         "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",
     ]
     objs = []
     for i, src in enumerate(spec.sources[tc.kind]):
-        obj = build_dir / f"{i}_{Path(src).stem}.o"
+        obj = ninja_path(f"{i}_{Path(src).stem}.o")
         lang = "-x c++" if (tc.hip_as_cxx and src.endswith(".hip")) else ""
-        lines.append(f"build {_q(obj)}: cxx {_q(root / src)}\n  lang = {lang}")
-        objs.append(_q(obj))
-    lines.append(f"build {_q(output)}: link {' '.join(objs)}")
+        lines.append(f"build {obj}: cxx {ninja_path(root / src)}\n  lang = {lang}")
+        objs.append(obj)
+    out = os.path.relpath(output, build_dir)
+    lines.append(f"build {ninja_path(out)}: link {' '.join(objs)}")
     path = build_dir / "build.ninja"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -499,8 +704,7 @@ def ensure_module(module, target: str) -> Path:
         pre = _prebuilt(spec, target)
         if pre is not None and _check_loadable(pre, spec.entry) is None:
             return pre
-    out_dir = cache_root() / _cache_target(target)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = usable_cache_dir(cache_root() / _cache_target(target))
     so = build_into(spec, target, out_dir)
     problem = _check_loadable(so, spec.entry)
     if problem:  # corrupt or foreign file that still hashed right: rebuild once

@@ -9,19 +9,19 @@ Run: python -m pytest op_tests/test_emu.py -q   or   python op_tests/test_emu.py
 - cross-lane and math builtins,
 - the checks: LDS race, barrier divergence, LDS out of bounds, and a clean probe,
 - the probes compile for real gfx1201 and contain the expected WMMA instructions,
-- one probe under AddressSanitizer (clean run + a caught global overflow).
+- one probe under AddressSanitizer (clean run + a caught global overflow),
+- launches that cannot get their lane stacks fail with an error instead of aborting.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -480,6 +480,47 @@ def test_cli_runs_a_kernel_and_reports(tmp_path):
     assert np.load(dst).any()  # written back
     race = cli("probe_lds_race")
     assert race.returncode == 1 and "[lds-race]" in race.stdout, race.stdout + race.stderr
+
+
+# Run in a child: before the fix these settings aborted the process (rc 134).
+_STACK_SCRIPT = textwrap.dedent("""
+    import json, os, resource, sys
+    import numpy as np
+    from aiter_sage import emu
+    mod = emu.load_module(sys.argv[1])
+    x, out = np.arange(100, 164, dtype=np.int32), np.zeros(64, np.int32)
+
+    def run(stack_kb):
+        os.environ["AITER_SAGE_EMU_STACK_KB"] = stack_kb
+        res = mod.run("probe_lds_exchange", (2, 1, 1), 64, [x, out], threads=1)
+        return [res.rc, res.error]
+
+    results = {v: run(v) for v in ("2147483647", "abc", "8", "64")}
+    # Address space for Python and a little more, not for 64 lanes x 64 MiB of stacks.
+    vm_kb = int(next(ln for ln in open("/proc/self/status") if ln.startswith("VmSize")).split()[1])
+    resource.setrlimit(resource.RLIMIT_AS, ((vm_kb + 512 * 1024) * 1024,) * 2)
+    results["65536 under RLIMIT_AS"] = run("65536")
+    print(json.dumps(results))
+""")
+
+
+def test_lane_stacks_that_cannot_exist_fail_the_launch():
+    """A stack size out of range (or not a number) and a failed stack mapping make the launch
+    return an error naming the cause; the process lives on and a good setting still runs."""
+    if not HAVE_CLANG:
+        _skip("clang++ not installed")
+    _module(CHECKS_PROBE)  # built here, in the shared cache
+    env = dict(os.environ, AITER_SAGE_LAZY_REGISTER="1")
+    r = subprocess.run([sys.executable, "-c", _STACK_SCRIPT, str(CHECKS_PROBE)], env=env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    for bad in ("2147483647", "abc", "8"):
+        rc, error = res[bad]
+        assert rc != 0 and f"AITER_SAGE_EMU_STACK_KB={bad} is not a lane stack size" in error, res
+    assert res["64"] == [0, ""], res
+    rc, error = res["65536 under RLIMIT_AS"]
+    assert rc != 0 and "cannot allocate 64 lane stacks of 65536 KiB" in error, res
 
 
 if __name__ == "__main__":

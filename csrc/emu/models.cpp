@@ -9,7 +9,7 @@
 //  [cubecl-amd] docs.rs cubecl-ir 0.11.1 src/amd.rs: "RDNA4 ... dropped RDNA3's duplication of
 //      the A/B fragments across lane halves ... RDNA4 splits k between the two halves".
 //  [Mojo-RDNA] docs.modular.com mma_amd_rdna / buffers_rdna (RDNA3 C/D layout with interleaved
-//      rows, which gfx12 replaced by rows 8h + j; see DESIGN.md section 4).
+//      rows, which gfx12 replaced by rows 8h + j; see csrc/emu/README.md, "What is modelled").
 //  [LLVM-W32] llvm-project clang/test/CodeGenOpenCL/builtins-amdgcn-gfx12-wmma-w32.cl and
 //      cross-project-tests/amdgpu/builtins-amdgcn-gfx12-wmma-w*.cl: builtin signatures
 //      (iu8: sgn_a, A v2i32, sgn_b, B v2i32, C v8i32, clamp; fp8_fp8: v2i32, v2i32, v8f32).
@@ -95,7 +95,7 @@ float exp2_v_exp_f32(float x) {
 
 // ---------------------------------------------------------------- WMMA -----------------
 // Gathers 16x16 A, B and C from the per-lane registers using the layout of models.h
-// [GPUOpen-RDNA4, cubecl-amd, DESIGN.md section 4], computes D, scatters it back.
+// [GPUOpen-RDNA4, cubecl-amd; csrc/emu/README.md "What is modelled"], computes D, scatters it back.
 
 void wmma_iu8_model(const WmmaIu8Operands& in, bool sign_a, bool sign_b, bool clamp,
                     int32_t d[kWaveSize][8]) {

@@ -13,6 +13,7 @@
 #include "emu/runtime.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,11 +57,28 @@ int worker_count() {
   return env_int("AITER_SAGE_EMU_THREADS", hw ? int(hw) : 1);
 }
 
-size_t lane_stack_bytes() {
-  // Kernels keep a few hundred bytes of vector registers per lane plus call frames; ASan
-  // frames carry redzones, hence the larger default there.
-  const int kb = env_int("AITER_SAGE_EMU_STACK_KB", SAGE_EMU_ASAN ? 256 : 64);
-  return size_t(kb) * 1024;
+// Lane stack size. Kernels keep a few hundred bytes of vector registers per lane plus call
+// frames; ASan frames carry redzones, hence the larger default there. A bad setting is an
+// error, not a fallback: too small overflows into the guard page, too large cannot be mapped
+// for 1024 lanes (and would have aborted the process).
+constexpr long kMinStackKb = 16, kMaxStackKb = 65536;
+
+bool lane_stack_bytes(size_t* bytes, std::string* error) {
+  const char* e = getenv("AITER_SAGE_EMU_STACK_KB");
+  if (!e || !*e) {
+    *bytes = size_t(SAGE_EMU_ASAN ? 256 : 64) * 1024;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long kb = strtol(e, &end, 10);
+  if (errno != 0 || end == e || *end != '\0' || kb < kMinStackKb || kb > kMaxStackKb) {
+    *error = std::string("AITER_SAGE_EMU_STACK_KB=") + e + " is not a lane stack size in KiB from " +
+             std::to_string(kMinStackKb) + " to " + std::to_string(kMaxStackKb);
+    return false;
+  }
+  *bytes = size_t(kb) * 1024;
+  return true;
 }
 
 // ---- process-wide report log (C API) ----
@@ -76,11 +94,7 @@ uintptr_t lds_window() {
   static const uintptr_t base = [] {
     void* p = mmap(nullptr, kLdsWindowBytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                    -1, 0);
-    if (p == MAP_FAILED) {
-      fprintf(stderr, "sage_emu: cannot reserve the LDS address window\n");
-      abort();
-    }
-    return reinterpret_cast<uintptr_t>(p);
+    return p == MAP_FAILED ? uintptr_t(0) : reinterpret_cast<uintptr_t>(p);  // launch reports 0
   }();
   return base;
 }
@@ -206,11 +220,10 @@ static void lane_entry(void* p) {
 Worker::Worker(LaunchState* l) : launch(l) {
   const unsigned n = l->threads;
   stacks.resize(n);
-  const size_t bytes = lane_stack_bytes();
   for (FiberStack& s : stacks)
-    if (!s.allocate(bytes)) {
-      fprintf(stderr, "sage_emu: cannot allocate lane stacks\n");
-      abort();
+    if (!s.allocate(l->stack_bytes)) {
+      alloc_errno = errno;  // the launch fails with this instead of the process aborting
+      return;
     }
   lanes.resize(n);
   waves.resize((n + kWaveSize - 1) / kWaveSize);
@@ -653,6 +666,14 @@ void publish(const std::string& text, int count) {
   g_log_count += count;
 }
 
+// A launch that could not run at all: the error goes to the caller through *summary.
+int fail_launch(const std::string& kernel, const std::string& why, const char** summary) {
+  static thread_local std::string buf;
+  buf = "sage_emu: kernel " + kernel + " not run: " + why;
+  *summary = buf.c_str();
+  return 1;
+}
+
 }  // namespace
 
 int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry entry,
@@ -682,9 +703,15 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
     return 1;
   }
 
+  std::string setup_error;
+  if (lane_stack_bytes(&st.stack_bytes, &setup_error) && !lds_window())
+    setup_error = "cannot reserve the 128 KiB LDS address window (mmap failed)";
+  if (!setup_error.empty()) return fail_launch(meta.name, setup_error, summary);
+
   const int64_t nwg = int64_t(grid.x) * grid.y * grid.z;
   const int nworkers = int(std::min<int64_t>(worker_count(), nwg));
   std::atomic<int64_t> next{0};
+  std::atomic<int> alloc_errno{0};
   auto work = [&] {
 #if defined(__x86_64__)
     const unsigned saved_csr = _mm_getcsr();
@@ -693,7 +720,10 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
     Worker w(&st);
     Worker* const saved = t_worker;
     t_worker = &w;
-    for (int64_t i; (i = next.fetch_add(1)) < nwg;) w.run_workgroup(i);
+    if (w.alloc_errno) alloc_errno.store(w.alloc_errno);
+    // One worker without stacks fails the launch: the others stop taking workgroups.
+    for (int64_t i; !w.alloc_errno && !alloc_errno.load() && (i = next.fetch_add(1)) < nwg;)
+      w.run_workgroup(i);
     t_worker = saved;
 #if defined(__x86_64__)
     _mm_setcsr(saved_csr);
@@ -703,6 +733,14 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
   for (int i = 1; i < nworkers; ++i) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
+  if (const int err = alloc_errno.load()) {
+    return fail_launch(meta.name,
+                       "cannot allocate " + std::to_string(threads) + " lane stacks of " +
+                           std::to_string(st.stack_bytes / 1024) + " KiB per host thread (" +
+                           strerror(err) + "); lower AITER_SAGE_EMU_STACK_KB or " +
+                           "AITER_SAGE_EMU_THREADS",
+                       summary);
+  }
 
   const size_t n = st.reports.size();
   if (n == 0) return 0;

@@ -1,4 +1,5 @@
-// aiter_sage gfx12 emulator: runtime internals shared by runtime.cpp and checks.cpp.
+// aiter_sage gfx12 emulator: the runtime's internal types (launch state, workers, lanes,
+// reports), implemented in runtime.cpp.
 #pragma once
 #include <stdint.h>
 
@@ -74,6 +75,7 @@ struct LaunchState {
   const void* closure;
   Reports reports;
   bool check_uninit;
+  size_t stack_bytes = 0;  // per lane, from AITER_SAGE_EMU_STACK_KB (validated at launch)
 };
 
 struct Lane {
@@ -121,6 +123,7 @@ struct Worker {
   std::vector<ShadowByte> shadow;
   uint32_t epoch = 0, wg_epoch_base = 0;
   bool aborted = false;
+  int alloc_errno = 0;  // non-zero: the lane stacks could not be mapped; do not run
   int bx = 0, by = 0, bz = 0;
   Lane* current = nullptr;
   std::vector<Site> sites;  // site ids used in the shadow
