@@ -752,13 +752,16 @@ class HiprtcToolchain(Toolchain):
         if len(hip) != 1:  # one embedded code object per module (sage_hiprtc_code_object)
             raise ValueError(f"aiter_sage: the hiprtc toolchain builds modules with exactly one "
                              f".hip source; {spec.name} has {hip}")
+        # Same escaping rules as write_ninja: build-line paths through ninja_path (relative to
+        # build_dir, where ninja runs), command variables through ninja_command_words.
+        hiprtc_cmd = [sys.executable, _hiprtc_script(), "compile", "--arch", self.arch,
+                      "--csrc", csrc_dir()]
         lines = [
             "ninja_required_version = 1.3",
-            f"cxx = {_q(self.compiler)}",
-            f"cflags = {' '.join(_q(f) for f in self.cflags + tuple(spec.flags))}",
-            f"ldflags = {' '.join(_q(f) for f in self.ldflags)}",
-            f"hiprtc = {_q(sys.executable)} {_q(_hiprtc_script())} compile --arch {self.arch} "
-            f"--csrc {_q(csrc_dir())}",
+            f"cxx = {ninja_command_words([self.compiler])}",
+            f"cflags = {ninja_command_words(self.cflags + tuple(spec.flags))}",
+            f"ldflags = {ninja_command_words(self.ldflags)}",
+            f"hiprtc = {ninja_command_words(hiprtc_cmd)}",
             "rule hiprtc\n  command = $hiprtc $in -o $co --embed $out\n"
             "  description = HIPRTC $in",
             "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
@@ -767,18 +770,18 @@ class HiprtcToolchain(Toolchain):
         objs = []
         for i, src in enumerate(spec.sources[self.kind]):
             stem = f"{i}_{Path(src).stem}"
-            host_obj = build_dir / f"{stem}.host.o"
-            lines.append(f"build {_q(host_obj)}: cxx {_q(root / src)}\n"
+            host_obj = ninja_path(f"{stem}.host.o")
+            lines.append(f"build {host_obj}: cxx {ninja_path(root / src)}\n"
                          f"  lang = {'-x c++' if src.endswith('.hip') else ''}")
-            objs.append(_q(host_obj))
+            objs.append(host_obj)
             if src.endswith(".hip"):
-                co, embed = build_dir / f"{stem}.co", build_dir / f"{stem}_co.cpp"
-                lines.append(f"build {_q(embed)} | {_q(co)}: hiprtc {_q(root / src)}\n"
-                             f"  co = {_q(co)}")
-                lines.append(f"build {_q(build_dir / f'{stem}_co.o')}: cxx {_q(embed)}\n"
-                             "  lang =")
-                objs.append(_q(build_dir / f"{stem}_co.o"))
-        lines.append(f"build {_q(output)}: link {' '.join(objs)}")
+                co, embed, co_obj = f"{stem}.co", f"{stem}_co.cpp", f"{stem}_co.o"
+                lines.append(f"build {ninja_path(embed)} | {ninja_path(co)}: hiprtc "
+                             f"{ninja_path(root / src)}\n  co = {ninja_command_words([co])}")
+                lines.append(f"build {ninja_path(co_obj)}: cxx {ninja_path(embed)}\n  lang =")
+                objs.append(ninja_path(co_obj))
+        out = os.path.relpath(output, build_dir)
+        lines.append(f"build {ninja_path(out)}: link {' '.join(objs)}")
         path = build_dir / "build.ninja"
         path.write_text("\n".join(lines) + "\n")
         return path
