@@ -103,16 +103,20 @@ class LoopMix:
     barrier: int = 0
     salu: int = 0
     scratch: int = 0
+    vopd: int = 0        # v_dual_* (two VALU ops issued as one instruction; counted once)
+    delay_alu: int = 0   # s_delay_alu: a dependency stall the compiler could not schedule away
+    rescale_valu: int = 0  # VALU inside the loop's EXEC-masked rescale branch (skippable)
 
     @property
     def wmma(self) -> int:
         return self.wmma_iu8 + self.wmma_fp8 + self.wmma_other
 
-    def wmma_cycle_share(self, wmma_cycles: int = 8) -> float:
+    def wmma_cycle_share(self, wmma_cycles: int = 8, skip_rescale: bool = False) -> float:
         """Share of the SIMD's vector issue cycles spent in WMMA, assuming a 16x16x16 8-bit
         WMMA occupies the SIMD `wmma_cycles` clocks (2048 8-bit ops/clk/CU, 2 SIMDs per CU:
-        8192 ops / 1024 per clock) and every other vector instruction one clock."""
-        vec = self.valu + self.trans
+        8192 ops / 1024 per clock) and every other vector instruction one clock.
+        skip_rescale: without the VALU of the EXEC-masked rescale branch."""
+        vec = self.valu + self.trans - (self.rescale_valu if skip_rescale else 0)
         busy = self.wmma * wmma_cycles
         return busy / (busy + vec) if busy + vec else 0.0
 
@@ -207,6 +211,8 @@ def classify(mix: LoopMix, mnem: str) -> None:
         mix.trans += 1
     elif mnem.startswith("v_"):
         mix.valu += 1
+        if mnem.startswith("v_dual_"):
+            mix.vopd += 1
     elif mnem.startswith("ds_"):
         mix.lds += 1
     elif mnem.startswith(("global_load", "buffer_load", "flat_load")):
@@ -219,6 +225,8 @@ def classify(mix: LoopMix, mnem: str) -> None:
         mix.waitcnt += 1
     elif mnem.startswith("s_barrier"):
         mix.barrier += 1
+    elif mnem == "s_delay_alu":
+        mix.delay_alu += 1
     elif mnem.startswith("s_"):
         mix.salu += 1
 
@@ -239,12 +247,39 @@ def main_loop(insns: list) -> Optional[LoopMix]:
     mix = LoopMix(best[0], best[1])
     for _, mnem, _, _ in best[2]:
         classify(mix, mnem)
+    # The skippable rescale: the body of a forward s_cbranch_execz inside the loop (an
+    # EXEC-masked "if" that the whole wave jumps over when no lane takes it).
+    body = best[2]
+    for i, (addr, mnem, _, tgt) in enumerate(body):
+        if mnem == "s_cbranch_execz" and tgt is not None and tgt > addr:
+            mix.rescale_valu += sum(1 for a, m, _, _ in body[i + 1:]
+                                    if a < tgt and m.startswith("v_") and not m.startswith(
+                                        ("v_wmma",) + _TRANS))
     return mix
+
+
+def compile_source(src: Path, arch: str, work: Path, includes=()) -> Path:
+    """A HIP source compiled for `arch` with the flags of the gfx12 modules (csrc/gfx12/README:
+    -O3 -std=c++17 -nogpulib, the repository's include dirs) into a device code object."""
+    root = Path(__file__).resolve().parent.parent
+    co = work / f"{src.stem}.{arch}.co"
+    clang = tool("clang++") or "clang++"
+    cmd = [clang, "-x", "hip", f"--offload-arch={arch}", "-nogpulib", "-O3", "-std=c++17",
+           "--cuda-device-only", "--no-gpu-bundle-output", "-c", "-I", str(root / "csrc"), "-I",
+           str(root / "csrc" / "include")]
+    cmd += [a for inc in includes for a in ("-I", inc)] + [str(src), "-o", str(co)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return co
 
 
 def analyze_so(so: Path, arch: str) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         co = extract_code_object(Path(so), arch, Path(tmp))
+        return analyze_code_object(co, arch)
+
+
+def analyze_code_object(co: Path, arch: str) -> list:
+    if True:
         meta = kernel_metadata(co)
         code = disassemble(co, arch)
     reports = []
@@ -260,6 +295,139 @@ def analyze_so(so: Path, arch: str) -> list:
             loop=main_loop(code.get(name, []))))
     return reports
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Performance model (a prediction from the code object, not a measurement)
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    cus: int            # compute units (2 per WGP)
+    clock_hz: float     # boost clock
+    dense_8bit_ops: float  # dense INT8/FP8 matrix ops per second (1 multiply-add = 2 ops)
+    dram_bytes_s: float
+
+
+# Radeon AI PRO R9700 (Navi 48, gfx1201). Sources: AMD's product page for the R9700 (64 CUs,
+# 640 GB/s GDDR6, 383 TOPS dense INT8/FP8 as quoted in issue 11); the RX 9070 XT on the same
+# Navi 48 die: 64 CUs, 256-bit GDDR6 at 20 Gbps = 640 GB/s (AMD launch specifications, e.g.
+# multiplayer.it/notizie/amd-radeon-rx-9070-xt-rx-9070-specifiche.html). The clock is the one
+# that makes the published TOPS consistent with 2048 dense 8-bit ops/clk/CU (see WMMA_CLOCKS):
+# 383e12 / (64 * 2048) = 2.92 GHz, AMD's listed boost clock for the R9700.
+R9700 = GpuSpec("Radeon AI PRO R9700", cus=64, clock_hz=383e12 / (64 * 2048),
+                dense_8bit_ops=383e12, dram_bytes_s=640e9)
+GPUS = {"r9700": R9700}
+
+# A 16x16x16 8-bit WMMA is 4096 multiply-adds = 8192 ops; at 2048 ops/clk/CU over 2 SIMDs per CU
+# it holds its SIMD 8 clocks (AMD: 383 TOPS / 64 CUs / 2.92 GHz). LLVM's gfx1201 scheduling
+# model (llvm-mca-19 -mcpu=gfx1201: latency 5, throughput 1) is not the hardware matrix rate.
+WMMA_CLOCKS = 8
+WMMA_OPS = 2 * 16 * 16 * 16
+# Transcendentals (v_exp_f32 ...) are quarter rate (LLVM SISchedule.td, WriteTrans32: "F16 or
+# F32 transcendental instructions (these are quarter rate)", reviews.llvm.org/D81011) and on
+# RDNA3/4 run in a separate unit beside the VALU (RDNA3 ISA guide, s_delay_alu TRANS32_DEP):
+# each costs 1 issue clock, and the unit bounds a wave at 4 clocks per transcendental.
+TRANS_CLOCKS = 4
+# LDS: 64 banks x 4 bytes per WGP (RDNA4 ISA guide, LDS chapter; sage/gfx12_fragments.h
+# kLdsPassBytes) = 256 B/clk per WGP shared by 4 SIMDs.
+LDS_BYTES_PER_CLK_PER_WGP = 256
+# Vector memory: one 64-byte cache line per clock per CU from L1/L2 (RDNA whitepaper: the L0
+# vector cache returns 64 B/clk per CU; an assumption for RDNA4, whose guide gives no figure).
+L2_BYTES_PER_CLK_PER_CU = 64
+# Latencies the scheduler could not hide inside a wave are charged per wait instruction
+# (assumptions, typical RDNA figures: LDS ~64 clocks, VALU dependency (s_delay_alu) ~4).
+LDS_WAIT_CLOCKS = 64
+DELAY_ALU_CLOCKS = 4
+
+
+@dataclasses.dataclass
+class Prediction:
+    gpu: str
+    shape: tuple
+    waves_per_simd: int
+    queries_per_group: int
+    rescale_executed: bool
+    issue_clocks: float      # one wave, one loop iteration: WMMA + VALU + transcendental issue
+    trans_clocks: float      # the transcendental unit's busy time for the same
+    stall_clocks: float      # exposed waits of one wave (hidden by the other waves if enough)
+    simd_clocks: float       # SIMD time per wave-iteration with the occupancy interleaved
+    lds_clocks: float        # LDS time per wave-iteration (its share of the WGP's LDS)
+    l2_clocks: float         # vector memory time per wave-iteration (its share of the CU)
+    bound: str               # which of the above sets the rate
+    iterations: float        # loop iterations per SIMD for the whole problem (tails included)
+    dram_seconds: float
+    seconds: float
+    tflops: float
+    roof_tflops: float
+
+
+def predict(k: "KernelReport", gpu: GpuSpec = R9700, b: int = 1, h: int = 24, s: int = 16384,
+            d: int = 128, queries_per_group: int = 128, rescale_executed: bool = True,
+            kv_tile: int = 32) -> Prediction:
+    """Time of non-causal attention B x H x S x S x D from one kernel's main loop.
+
+    One loop iteration of one wave does lp.wmma WMMAs; the problem needs FLOPs / WMMA_OPS of
+    them after padding queries to `queries_per_group` and keys to `kv_tile`. A SIMD runs its
+    `waves_per_simd` waves interleaved: per wave-iteration it spends the issue clocks, unless a
+    wave's exposed waits exceed what the other waves can fill. LDS and vector memory are shared
+    resources: each wave-iteration needs its bytes at the WGP's / CU's rate. The slowest of
+    the three is the bound. Workgroups run in rounds of (WGPs x groups per WGP)."""
+    lp = k.loop
+    if lp is None or lp.wmma == 0:
+        raise ValueError(f"{k.name}: no WMMA main loop to model")
+    vec = lp.valu + lp.trans - (0 if rescale_executed else lp.rescale_valu)
+    issue = lp.wmma * WMMA_CLOCKS + vec
+    trans = lp.trans * TRANS_CLOCKS
+    stall = lp.waitcnt * LDS_WAIT_CLOCKS + lp.delay_alu * DELAY_ALU_CLOCKS
+    w = max(k.waves_per_simd, 1)
+    # w waves share the SIMD: the SIMD is busy for w * issue per round of w wave-iterations,
+    # or one wave's full critical path (issue + stalls) when that is longer.
+    simd = max(issue, trans, (issue + stall) / w)
+    # LDS: 16 bytes x 32 lanes per 128-bit access (ds_load/store_b128 dominate the loop);
+    # 4 SIMDs share a WGP's LDS, so one wave-iteration may take 4 x its bytes / rate.
+    lds = lp.lds * 16 * WAVE_SIZE * SIMDS_PER_WGP / LDS_BYTES_PER_CLK_PER_WGP
+    l2 = lp.global_load * 16 * WAVE_SIZE * 2 / L2_BYTES_PER_CLK_PER_CU  # 2 SIMDs per CU
+    per_iter = max(simd, lds, l2)
+    bound = {simd: "SIMD issue" if simd == issue else ("transcendental" if simd == trans
+                                                       else "latency"),
+             lds: "LDS", l2: "L2"}[per_iter]
+    sq_pad = -(-s // queries_per_group) * queries_per_group
+    skv_pad = -(-s // kv_tile) * kv_tile
+    wmmas = b * h * sq_pad * skv_pad * d * 4 / WMMA_OPS  # QK^T and PV, 2 ops per MAC
+    wave_iters = wmmas / lp.wmma
+    simds = gpu.cus * 2
+    # rounds: each SIMD holds w waves; a group of n waves spans the WGP's 4 SIMDs
+    waves_per_group = -(-k.max_threads // WAVE_SIZE)
+    groups = b * h * (sq_pad // queries_per_group)
+    slots = (gpu.cus // 2) * (SIMDS_PER_WGP * w // waves_per_group)
+    rounds = -(-groups // max(slots, 1))
+    iters_per_group_wave = wave_iters / groups / waves_per_group
+    # A full round keeps w waves on every SIMD, each doing its iterations at per_iter clocks;
+    # a partial last round is charged as a full one (its SIMDs still wait for the slowest).
+    per_round = w * iters_per_group_wave * per_iter
+    seconds = rounds * per_round / gpu.clock_hz
+    # DRAM floor: Q (int8) and O (BF16) once, K (int8) and V (fp8) once per head (L2 reuse
+    # across the head's workgroups, which run together), scales negligible.
+    dram = b * h * (sq_pad * d * 3 + skv_pad * d * 2) / gpu.dram_bytes_s
+    seconds = max(seconds, dram)
+    flops = 4.0 * b * h * s * s * d
+    return Prediction(gpu.name, (b, h, s, d), w, queries_per_group, rescale_executed, issue,
+                      trans, stall, simd, lds, l2, bound, wave_iters / simds, dram, seconds,
+                      flops / seconds / 1e12, gpu.dense_8bit_ops / 1e12)
+
+
+def format_prediction(name: str, pr: Prediction) -> str:
+    b, h, s, d = pr.shape
+    return (f"  {name}: PREDICTION for {pr.gpu}, B={b} H={h} S={s} D={d}, rescale "
+            f"{'executed' if pr.rescale_executed else 'skipped'} every tile\n"
+            f"    per wave-iteration: issue {pr.issue_clocks:.0f} clk (trans unit "
+            f"{pr.trans_clocks:.0f}, exposed waits {pr.stall_clocks:.0f} over "
+            f"{pr.waves_per_simd} waves) -> SIMD {pr.simd_clocks:.0f}, LDS {pr.lds_clocks:.0f}, "
+            f"L2 {pr.l2_clocks:.0f} clk; bound: {pr.bound}\n"
+            f"    {pr.seconds * 1e3:.2f} ms (DRAM floor {pr.dram_seconds * 1e3:.2f} ms) -> "
+            f"{pr.tflops:.0f} TFLOPS of a {pr.roof_tflops:.0f} TOPS roof "
+            f"({100 * pr.tflops / pr.roof_tflops:.0f} %)")
 
 def report(arch: str, sos: Optional[list] = None) -> dict:
     """{module .so path: [KernelReport]}, building the modules when `sos` is not given."""
@@ -289,8 +457,12 @@ def format_report(arch: str, results: dict) -> str:
                        f"{lp.global_load}, global stores {lp.global_store}, s_wait* "
                        f"{lp.waitcnt}, barriers {lp.barrier}, SALU/other {lp.salu}, "
                        f"scratch {lp.scratch}")
+            out.append(f"    VOPD (dual-issue) {lp.vopd}, s_delay_alu {lp.delay_alu}, skippable "
+                       f"rescale VALU {lp.rescale_valu}")
             out.append(f"    estimated WMMA share of vector issue cycles: "
-                       f"{100 * lp.wmma_cycle_share():.0f}% (8 clk per WMMA, 1 per other)")
+                       f"{100 * lp.wmma_cycle_share():.1f}% with the rescale executed, "
+                       f"{100 * lp.wmma_cycle_share(skip_rescale=True):.1f}% skipped "
+                       f"(8 clk per WMMA, 1 per other)")
     return "\n".join(out)
 
 
@@ -299,6 +471,16 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", default="gfx1201", choices=("gfx1201", "gfx1200"))
     ap.add_argument("--so", action="append", help="module .so to analyze (repeatable); "
                     "default: the csrc/gfx12 modules, built by the JIT")
+    ap.add_argument("--model", choices=sorted(GPUS), help="also print the performance "
+                    "model's PREDICTION for this GPU (B=1, H=24, S=16384, D=128)")
+    ap.add_argument("--source", action="append", default=[], help="a HIP source to compile "
+                    "for --arch with the gfx12 toolchain flags and analyze (repeatable)")
+    ap.add_argument("--code-object", action="append", default=[], help="an amdgcn code "
+                    "object (ELF) to analyze (repeatable)")
+    ap.add_argument("--include", action="append", default=[], help="include dir for --source")
+    ap.add_argument("--queries-per-group", type=int, default=128, help="queries one "
+                    "workgroup owns, for the model of a foreign kernel (ours: 128)")
+    ap.add_argument("--seq", type=int, default=16384, help="S for the model")
     args = ap.parse_args(argv)
     missing = [t for t in ("llvm-objcopy", "llvm-objdump", "llvm-readelf",
                            "clang-offload-bundler") if not tool(t)]
@@ -306,7 +488,33 @@ def main(argv=None) -> int:
         print(f"missing LLVM tools: {', '.join(missing)} (apt install clang-19 llvm-19)",
               file=sys.stderr)
         return 2
-    print(format_report(args.arch, report(args.arch, args.so)))
+    if args.source or args.code_object:
+        results = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for src in args.source:
+                co = compile_source(Path(src), args.arch, Path(tmp), args.include)
+                results[Path(src)] = analyze_code_object(co, args.arch)
+            for co in args.code_object:
+                results[Path(co)] = analyze_code_object(Path(co), args.arch)
+    else:
+        results = report(args.arch, args.so)
+    print(format_report(args.arch, results))
+    if args.model:
+        print(f"\nPerformance model ({args.model}): a PREDICTION from the ISA, not a measurement")
+        for kernels in results.values():
+            for k in kernels:
+                if k.loop is None or k.loop.wmma == 0:
+                    continue
+                for rescale in (True, False):
+                    pr = predict(k, GPUS[args.model], s=args.seq,
+                                 queries_per_group=args.queries_per_group,
+                                 rescale_executed=rescale)
+                    print(format_prediction(k.name, pr))
+                tail = (predict(k, GPUS[args.model], s=513, h=24 * 32,
+                                queries_per_group=args.queries_per_group).seconds /
+                        predict(k, GPUS[args.model], s=512, h=24 * 32,
+                                queries_per_group=args.queries_per_group).seconds)
+                print(f"    tail: S=513 costs {tail:.2f}x S=512 (H=768, so rounds are full)")
     return 0
 
 

@@ -31,11 +31,15 @@ Prepare
 Attention (log2 domain; the kernels follow the same steps, their tile sizes may differ)
   * t = float32(dot_i32(q8, k8)) * (q_scale * k_scale); keys >= kv_len are masked (-inf),
     whatever the padded K/V rows hold.
-  * Online softmax over KV tiles: m' = max(m, rowmax t) (NaN propagates); alpha = exp2(m - m');
-    P = exp2(t - m'); l = l * alpha + rowsum P (from unquantized P).
-  * P8 = e4m3fn(P * 448) (P <= 1, so no saturation is needed); acc = acc * alpha + P8 . V8
-    with FP32 accumulation of exact products.
-  * O = acc / (l * 448) * s_v, rounded to BF16. Rows >= the query length are zero in the
+  * Online softmax over KV tiles, the e4m3 scale folded into the exponent: per tile and row,
+    d_max = rowmax dot, m_t = float32(d_max) * (q_scale * k_scale) (= rowmax t), m' = max(m,
+    m_t) (NaN propagates); alpha = exp2(m - m'); bias = (m_t - m') + EXP_OFFSET; P' =
+    exp2(fma(dot - d_max, q_scale * k_scale, bias)) (dot - d_max <= 0 is exact, the fma is
+    rounded once); l = l * alpha + rowsum P' (from unquantized P'). P' is P * 2^EXP_OFFSET,
+    P * 448 up to a factor 1 - 3.3e-6 that cancels in acc / l, and provably <= 448 (see
+    EXP_OFFSET), so no clamp: a NaN score makes its row NaN.
+  * P8 = e4m3fn(P'); acc = acc * alpha + P8 . V8 with FP32 accumulation of exact products.
+  * O = acc / l * s_v, rounded to BF16. Rows >= the query length are zero in the
     padded output of ``gfx1201_sage_attention_fwd``.
 """
 
@@ -53,6 +57,10 @@ INT8_MAX = 127.0
 FP8_MAX = 448.0
 LOG2E = 1.4426950408889634  # double; the Q factor is rounded once after the product
 ROPE_DIMS = (32, 64, 96, 128)
+# The exponent offset that folds the e4m3 scale into exp2 (csrc/gfx12/attention.hip,
+# kExpOffset): the float32 4 ulps below log2(448), so 2^EXP_OFFSET = 447.9985 and even a
+# 1-ulp-accurate exp2 of any argument <= EXP_OFFSET stays below 448.
+EXP_OFFSET = 8.807350158691406
 # The attention kernels' KV tile (gfx12: one K scale block): the model at this tile is the
 # kernels' own arithmetic up to exp2's last bit.
 KERNEL_KV_TILE = 32
@@ -269,6 +277,9 @@ def attention_from_prepared(p: Prepared, q_len: int, kv_len: int | None = None,
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
     kernels' e4m3 P."""
     kv_len = q_len if kv_len is None else kv_len
+    # One score scale per tile (the kernels' tile is one K scale block): the row max of
+    # t = dot * scale is then taken on the exact integer dots.
+    assert SCALE_BLOCK % kv_tile == 0, kv_tile
     q8 = p.q_int8.cpu().float().transpose(1, 2)  # [B, H, Sq_pad, D]; dots below are exact
     k8 = p.k_int8.cpu().float().transpose(1, 2)
     v8 = e4m3_decode(fp8_bits(p.v_fp8.cpu()))  # [B, H, D, Skv_pad]
@@ -282,13 +293,20 @@ def attention_from_prepared(p: Prepared, q_len: int, kv_len: int | None = None,
     for j0 in range(0, kv_len, kv_tile):
         j1 = min(j0 + kv_tile, kv_len)
         dot = q8 @ k8[:, :, j0:j1].transpose(-1, -2)
-        t = dot * (qs[..., :, None] * ks[..., None, j0:j1])
-        m_new = torch.maximum(m, t.amax(-1))
+        ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32 product; one value per tile
+        d_max = dot.amax(-1, keepdim=True)
+        m_t = (d_max * ss[..., :1]).squeeze(-1)  # = rowmax of t = dot * ss
+        m_new = torch.maximum(m, m_t)
         alpha = torch.exp2(m - m_new)
-        pr = torch.exp2(t - m_new[..., None])
+        bias = (m_t - m_new) + torch.tensor(EXP_OFFSET, dtype=torch.float32)
+        # fma: the float64 product of an integer (< 2^23) and a float32 is exact; the sum is
+        # rounded to float64 and then to float32 (a double rounding at most 2^-29 relative
+        # away from the single-rounded fma).
+        u = ((dot - d_max).double() * ss.double() + bias.double()[..., None]).float()
+        pr = torch.exp2(u)
         l = l * alpha + pr.sum(-1)
         if fp8_p:
-            pr = e4m3_decode(e4m3_encode_sat(pr * FP8_MAX)) / FP8_MAX
+            pr = e4m3_decode(e4m3_encode_sat(pr))
         acc = acc * alpha[..., None] + pr @ v8[..., j0:j1].transpose(-1, -2)
         m = m_new
     o = acc / l[..., None] * p.v_scale.cpu()[:, :, None, :]

@@ -117,6 +117,29 @@ def test_fwd_matches_the_model_at_the_kernel_tile(backend):
 
 
 @pytest.mark.parametrize("backend", backend_params())
+def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
+    """A NaN in one K element (head 1) makes its 32-key block's scale NaN, so every query row
+    of head 1 is NaN; a NaN in one Q element (head 0, row 40) does the same to the 32 rows of
+    its Q block. Nothing clamps NaN scores to a finite P (the gfx12 kernels fold the FP8 scale
+    into exp2 without a clamp), and no other row changes: the non-finite rows are exactly
+    ref.attention_from_prepared's."""
+    sq = skv = 100
+    q, k, v = qkv(1, sq, skv, 2, seed=47)
+    q[0, 40, 0, 5] = float("nan")
+    k[0, 70, 1, 3] = float("nan")
+    prep = ref.prepare(q, k, v, SCALE)
+    dev = device_for(backend)
+    out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq,
+                                                backend=backend)[:, :sq].cpu()
+    model = ref.attention_from_prepared(prep, sq, fp8_p=backend in ("emu", "gfx12"))
+    bad = ~torch.isfinite(out.float()).all(-1)  # [B, S, H]
+    want = ~torch.isfinite(model.float()).all(-1)
+    assert want[0, :, 1].all() and want[0, 32:64, 0].all() and want.sum() == sq + 32
+    assert torch.equal(bad, want)
+    assert ref.accuracy(out[~want], model[~want])["rel_l2"] < 5e-3  # the other rows agree
+
+
+@pytest.mark.parametrize("backend", backend_params())
 def test_prepare_then_fwd_equals_attention(backend):
     """Upstream's composition: fwd(*prepare(q, k, v), S)[:, :S] is the attention op."""
     s = 130

@@ -10,7 +10,7 @@ from common import run_as_script
 from aiter_sage import isa, jit_driver
 
 ARCHS = ("gfx1201", "gfx1200")
-# Designed occupancy (waves per SIMD). Attention: 251 VGPRs -> 5 (264-VGPR allocation);
+# Designed occupancy (waves per SIMD). Attention: 250 VGPRs -> 5 (264-VGPR allocation);
 # the prepare kernels are memory bound and small.
 TARGET_WAVES = {
     "sage_attention_fwd_kernel": 5,
@@ -42,6 +42,13 @@ def _check_arch(arch):
     # 32 queries x 32 keys per wave per tile: 2 x 2 x 8 WMMAs of each kind
     assert loop.wmma_iu8 == 32 and loop.wmma_fp8 == 32, loop
     assert loop.barrier <= 2 and loop.scratch == 0  # one s_barrier (signal + wait on gfx12)
+    # WMMA share budgets (csrc/gfx12/README.md; issue 11 asks 64 % / 74 %, not reached yet:
+    # these floors pin today's 61.4 % / 72.7 % so a regression fails).
+    assert loop.rescale_valu >= 128, loop  # the 128 accumulator multiplies are the branch
+    assert loop.wmma_cycle_share() >= 0.61, loop.wmma_cycle_share()
+    assert loop.wmma_cycle_share(skip_rescale=True) >= 0.72, loop
+    # The e4m3 scale is folded into exp2: no clamp (v_min) of P in the main loop.
+    assert loop.valu <= 290, loop
     for name, k in kernels.items():
         assert k.scratch_bytes == 0 and k.vgpr_spills == 0 and k.sgpr_spills == 0, k
         assert k.waves_per_simd >= TARGET_WAVES.get(name, 1), (name, k.waves_per_simd)
@@ -49,6 +56,23 @@ def _check_arch(arch):
 
 def test_isa_gfx1201():
     _check_arch("gfx1201")
+
+
+def test_model_r9700_is_consistent():
+    """The performance model on our kernel: a prediction below the 383 TOPS roof, bound by
+    SIMD issue (the loop's own numbers: LDS and L2 need fewer clocks), skipping the rescale is
+    faster, and S = 513 costs at most 1.3x S = 512 (128-query workgroups)."""
+    attn = _reports("gfx1201")["sage_attention_fwd_kernel"]
+    pr = isa.predict(attn, isa.R9700)
+    fast = isa.predict(attn, isa.R9700, rescale_executed=False)
+    assert 0 < pr.tflops < fast.tflops < pr.roof_tflops == 383
+    assert pr.bound == "SIMD issue" and pr.simd_clocks > max(pr.lds_clocks, pr.l2_clocks)
+    assert pr.issue_clocks == attn.loop.wmma * 8 + attn.loop.valu + attn.loop.trans
+    # the WMMA share bounds the fraction of the roof (rounds only lose more)
+    assert pr.tflops / pr.roof_tflops <= attn.loop.wmma_cycle_share() + 1e-9
+    assert pr.seconds > pr.dram_seconds
+    t512 = isa.predict(attn, isa.R9700, h=768, s=512).seconds
+    assert isa.predict(attn, isa.R9700, h=768, s=513).seconds <= 1.3 * t512
 
 
 def test_isa_gfx1200():

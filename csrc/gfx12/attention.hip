@@ -21,6 +21,14 @@
 #include "sage/platform.h"
 #include "sage/quant.h"
 
+// A scheduling fence for the HIP compiler (instructions are not moved across it); it has no
+// effect on results, so the emulator build (plain C++) defines it away.
+#if defined(__HIP__) && !defined(SAGE_EMU)
+#define SAGE_ATTN_SCHED_FENCE() __builtin_amdgcn_sched_barrier(0)
+#else
+#define SAGE_ATTN_SCHED_FENCE() ((void)0)
+#endif
+
 namespace sage {
 namespace gfx12 {
 
@@ -59,8 +67,25 @@ struct AttnTraits {
                 "staging covers each tile exactly");
 };
 
-// log2(448): P·448 = exp2(t - m + log2 448), so the e4m3 scaling costs nothing.
-constexpr float kLog2Fp8Max = 8.807354922057604f;
+// The e4m3 scale folded into the exponent: P·448 is computed as exp2(u + kExpOffset) with
+// u = t - m <= 0, so no multiply and no clamp are needed. Derivation of the constant:
+//  * log2 448 = 8.8073549220576...; the float just below it is 8.807353973388672 (float
+//    spacing here is 2^-20). kExpOffset is 4 floats lower: 8.807350158691406, and
+//    2^kExpOffset = 447.99852 = 448 - 48.5 ulps (one float ulp in [256, 512) is 2^-15).
+//  * u + kExpOffset <= kExpOffset exactly: u is formed as fma(d, score_scale, bias) with d <= 0
+//    and bias <= kExpOffset (see score_tile), and round-to-nearest is monotone, so a value
+//    whose exact form is <= kExpOffset (a float) rounds to <= kExpOffset.
+//  * v_exp_f32 is accurate to 1 ulp (LLVM AMDGPUUsage, csrc/emu/models.cpp [LLVM-exp2]), so
+//    its result is <= 447.99852 + 2^-15 < 448 whatever its rounding: P·448 never exceeds the
+//    e4m3 maximum, with 47 ulps to spare. NaN scores stay NaN (nothing clamps them).
+//  * The factor 2^kExpOffset / 448 = 1 - 3.3e-6 scales P8 and l alike and cancels in acc / l.
+constexpr float kExpOffset = 8.807350158691406f;
+// The Sᵀ accumulators start at the bits of 1.5·2^23 (kScoreBiasBits): since |dot| <= 128·128·128
+// = 2^21 < 2^22, the int32 sum kScoreBiasBits + dot is the bit pattern of the float
+// 1.5·2^23 + dot (same exponent, the mantissa carries the dot). The WMMA thus delivers the dots
+// as exact floats — no v_cvt_f32_i32 — and their order as int32 bits is their order as floats.
+constexpr int32_t kScoreBiasBits = 0x4B400000;
+constexpr float kScoreBias = 12582912.0f;  // 1.5·2^23
 constexpr float kNegInf = -__builtin_inff();
 
 // The K and V bytes of one tile in flight from global memory to LDS.
@@ -176,7 +201,9 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
 #pragma unroll
   for (int kc = 0; kc < T::kKeyChunks; ++kc) {
 #pragma unroll
-    for (int qb = 0; qb < T::kQBlocks; ++qb) s[kc][qb] = v8i32{0, 0, 0, 0, 0, 0, 0, 0};
+    for (int qb = 0; qb < T::kQBlocks; ++qb)
+      s[kc][qb] = v8i32{kScoreBiasBits, kScoreBiasBits, kScoreBiasBits, kScoreBiasBits,
+                        kScoreBiasBits, kScoreBiasBits, kScoreBiasBits, kScoreBiasBits};
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
@@ -188,50 +215,71 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
         s[kc][qb] = sage_wmma_i32_iu8(hi64(kfrag), ws.q[qb][kk + 1], s[kc][qb]);
       }
     }
+    // Keep chunk 1's four K fragments (16 VGPRs) from being hoisted above chunk 0's WMMAs:
+    // with all eight in flight the kernel needs more than 256 VGPRs and spills.
+    SAGE_ATTN_SCHED_FENCE();
   }
 
   TileP tp;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
-    // Row max on the exact integer dots (score_scale > 0 preserves order), masked keys out.
-    int dmax = -0x7fffffff - 1;
+    // Row max on the exact biased dots (int32 order = float order, see kScoreBiasBits; masked
+    // keys out), then across the two half-waves of this query.
+    int fbits = -0x7fffffff - 1;
 #pragma unroll
     for (int kc = 0; kc < T::kKeyChunks; ++kc)
 #pragma unroll
       for (int j = 0; j < kFragElems; ++j) {
         const bool valid = !kMasked || tile_key(kc, c_row(lane, j)) < keys_valid;
-        if (valid) dmax = imax(dmax, s[kc][qb][j]);
+        if (valid) fbits = imax(fbits, s[kc][qb][j]);
       }
-    dmax = imax(dmax, sage_shfl_xor(dmax, 16));  // the other half-wave's keys of this query
-    // Key 0 of a processed tile is always valid, so dmax is a real dot here.
-    const float m_new = sage_fmaxf(ws.m[qb], float(dmax) * score_scale);
+    fbits = imax(fbits, sage_shfl_xor(fbits, 16));
+    // Key 0 of a processed tile is always valid, so fmax_b is 1.5·2^23 + a real dot.
+    const float fmax_b = bits_f32(uint32_t(fbits));
+    // The tile's row max of t = dot · score_scale (score_scale > 0 keeps the order).
+    const float m_tile = (fmax_b - kScoreBias) * score_scale;
+    const float m_new = sage_fmaxf(ws.m[qb], m_tile);
     const float alpha = sage_exp2f(ws.m[qb] - m_new);  // first tile: exp2(-inf) = 0
-    const float bias = kLog2Fp8Max - m_new;
-    float psum = 0.0f;
+    // m_tile - m_new <= 0 (m_new >= m_tile, rounding monotone), so bias <= kExpOffset.
+    const float bias = (m_tile - m_new) + kExpOffset;
+    // Row sum as a pairwise tree (independent adds can pair into dual-issue VOPD
+    // instructions; a running sum would be a 16-long dependency chain).
+    float part[T::kKeyChunks];
 #pragma unroll
     for (int kc = 0; kc < T::kKeyChunks; ++kc) {
       float p[kFragElems];
 #pragma unroll
       for (int j = 0; j < kFragElems; ++j) {
-        // Clamp: exp2 may round a hair above 448, which the e4m3 converter turns into NaN.
-        float x = sage_fminf(sage_exp2f(float(s[kc][qb][j]) * score_scale + bias), kFp8Max);
+        // d = dot - dot_max exactly (two floats in [2^23, 2^24): an exact difference), <= 0.
+        const float d = bits_f32(uint32_t(s[kc][qb][j])) - fmax_b;
+        float x = sage_exp2f(__builtin_fmaf(d, score_scale, bias));  // P·448 < 448 (above)
         if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid) x = 0.0f;
         p[j] = x;
-        psum += x;
       }
       int w0 = sage_cvt_pk_fp8(p[0], p[1], 0, false);
       w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
       int w1 = sage_cvt_pk_fp8(p[4], p[5], 0, false);
       w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
       tp.p8[kc][qb] = v2i32{w0, w1};
+      part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
     }
+    const float psum = part[0] + part[1];
     ws.l[qb] = ws.l[qb] * alpha + psum;
     ws.m[qb] = m_new;
     // An EXEC-masked branch: lanes whose max did not move skip it, and the whole block is
     // skipped when no lane of the wave needs it (the common case after the first tiles).
+    // The same factor in a second register for the odd accumulator elements: two
+    // multiplies can only pair into one dual-issue VOPD instruction when their first
+    // operands sit in different VGPR banks (whether they do is up to the register allocator).
+    const float alpha_odd = sage_fmaxf(alpha, 0.0f);  // alpha >= 0 or NaN (NaN only if P is)
     if (alpha != 1.0f) {
 #pragma unroll
-      for (int cb = 0; cb < T::kChannelBlocks; ++cb) ws.acc[qb][cb] *= alpha;
+      for (int cb = 0; cb < T::kChannelBlocks; ++cb)
+#pragma unroll
+        for (int j = 0; j < kFragElems; j += 2) {
+          ws.acc[qb][cb][j] *= alpha;
+          ws.acc[qb][cb][j + 1] *= alpha_odd;
+        }
     }
   }
   return tp;
