@@ -141,6 +141,19 @@ def test_bf16_tables_are_upcast_exactly(backend):
 
 
 @pytest.mark.parametrize("backend", backend_params())
+def test_prepare_ties_round_away_from_zero(backend):
+    """K blocks with amax 127 have scale 1, so k = n + 0.5 is an exact tie: upstream's codes
+    go away from zero (2.5 -> 3, -2.5 -> -3, 0.5 -> 1), where round-half-even would not."""
+    q, k, v = qkv(1, 32, 32, 1, seed=14)
+    ties = torch.tensor([127.0, 2.5, -2.5, 0.5, -0.5, 1.5, 126.5, -126.5])
+    k[0, :, 0, :8] = ties.to(torch.bfloat16)
+    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend)
+    assert got.k_scale[0, 0, 0].item() == 1.0
+    assert got.k_int8[0, 0, 0, :8].cpu().tolist() == [127, 3, -3, 1, -1, 2, 127, -127]
+    assert_prepared_equal(got, ref.prepare(q, k, v))
+
+
+@pytest.mark.parametrize("backend", backend_params())
 def test_prepare_zero_blocks_keep_zero_scales(backend):
     """Upstream: an all-zero block has scale 0 and zero codes (not scale 1)."""
     q, k, v = qkv(1, 100, 100, 2, seed=5)
