@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _load_driver():
-    spec = importlib.util.spec_from_file_location("_aiter_sage_jit_driver",
-                                                  ROOT / "aiter_sage" / "jit_driver.py")
+    spec = importlib.util.spec_from_file_location(
+        "_aiter_sage_jit_driver", ROOT / "aiter_sage" / "jit_driver.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up by name
     spec.loader.exec_module(mod)
@@ -32,15 +33,21 @@ class BuildPyWithSources(build_py):
     def run(self):
         super().run()
         pkg = Path(self.build_lib) / "aiter_sage"
-        shutil.copytree(ROOT / "csrc", pkg / "_csrc", dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("*.o", "*.so", "__pycache__"))
+        shutil.copytree(
+            ROOT / "csrc",
+            pkg / "_csrc",
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns("*.o", "*.so", "__pycache__"),
+        )
         shutil.copy2(ROOT / "GPU_ARCHS.cfg", pkg / "GPU_ARCHS.cfg")
         if os.environ.get("PREBUILD_KERNELS", "0") == "1":
             driver = _load_driver()
             archs = driver.configured_archs()
             built = driver.prebuild(archs, pkg / "_prebuilt")
-            print(f"aiter_sage: prebuilt {len(built)} module(s) for GPU_ARCHS={archs}: "
-                  + ", ".join(p.name for p in built))
+            print(
+                f"aiter_sage: prebuilt {len(built)} module(s) for GPU_ARCHS={archs}: "
+                + ", ".join(p.name for p in built)
+            )
 
 
 setup(

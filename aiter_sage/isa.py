@@ -3,10 +3,11 @@
     python -m aiter_sage.isa --arch gfx1201 [--so PATH ...]
 
 Without ``--so`` it builds csrc/gfx12/{prepare,attention}.hip for ``--arch`` through the JIT
-driver (hipcc, else clang++ --offload-arch; cached like a first call's build). It then extracts the code object for ``--arch`` from each module's fat binary,
-reads the kernel metadata and disassembles it, and prints per kernel: VGPRs, SGPRs, LDS bytes,
-scratch bytes, estimated waves per SIMD, and the instruction mix of the main loop (the innermost
-backward branch whose body contains WMMAs).
+driver (hipcc, else clang++ --offload-arch; cached like a first call's build). It then
+extracts the code object for ``--arch`` from each module's fat binary, reads the kernel
+metadata and disassembles it, and prints per kernel: VGPRs, SGPRs, LDS bytes, scratch bytes,
+estimated waves per SIMD, and the instruction mix of the main loop (the innermost backward
+branch whose body contains WMMAs).
 
 Occupancy model (gfx12 = RDNA4, wave32), from public sources:
   * 1536 VGPRs per SIMD lane, allocated in granules of 24, at most 16 waves per SIMD. LLVM's
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import shutil
 import subprocess
@@ -57,8 +57,9 @@ def build_modules(arch: str) -> dict:
 
 
 def _has_section(so: Path, section: str) -> bool:
-    out = subprocess.run([tool("llvm-readelf"), "-S", "-W", str(so)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [tool("llvm-readelf"), "-S", "-W", str(so)], check=True, capture_output=True, text=True
+    ).stdout
     return section in out.split()
 
 
@@ -68,21 +69,50 @@ def extract_code_object(so: Path, arch: str, work: Path) -> Path:
     .sage_code_object."""
     if _has_section(so, ".sage_code_object"):
         co = work / f"{so.stem}.{arch}.co"
-        subprocess.run([tool("llvm-objcopy"), f"--dump-section=.sage_code_object={co}", str(so),
-                        str(work / f"{so.stem}.stripped")], check=True, capture_output=True)
+        subprocess.run(
+            [
+                tool("llvm-objcopy"),
+                f"--dump-section=.sage_code_object={co}",
+                str(so),
+                str(work / f"{so.stem}.stripped"),
+            ],
+            check=True,
+            capture_output=True,
+        )
         return co
     fatbin = work / f"{so.stem}.fatbin"
-    subprocess.run([tool("llvm-objcopy"), f"--dump-section=.hip_fatbin={fatbin}", str(so),
-                    str(work / f"{so.stem}.stripped")], check=True, capture_output=True)
-    listing = subprocess.run([tool("clang-offload-bundler"), "--list", "--type=o",
-                              f"--input={fatbin}"], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [
+            tool("llvm-objcopy"),
+            f"--dump-section=.hip_fatbin={fatbin}",
+            str(so),
+            str(work / f"{so.stem}.stripped"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    listing = subprocess.run(
+        [tool("clang-offload-bundler"), "--list", "--type=o", f"--input={fatbin}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     targets = [t for t in listing.stdout.split() if t.endswith(f"--{arch}")]
     if not targets:
         raise RuntimeError(f"{so}: no code object for {arch} (bundle has {listing.stdout.split()})")
     co = work / f"{so.stem}.{arch}.co"
-    subprocess.run([tool("clang-offload-bundler"), "--unbundle", "--type=o",
-                    f"--input={fatbin}", f"--targets={targets[0]}", f"--output={co}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            tool("clang-offload-bundler"),
+            "--unbundle",
+            "--type=o",
+            f"--input={fatbin}",
+            f"--targets={targets[0]}",
+            f"--output={co}",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return co
 
 
@@ -103,8 +133,8 @@ class LoopMix:
     barrier: int = 0
     salu: int = 0
     scratch: int = 0
-    vopd: int = 0        # v_dual_* (two VALU ops issued as one instruction; counted once)
-    delay_alu: int = 0   # s_delay_alu: a dependency stall the compiler could not schedule away
+    vopd: int = 0  # v_dual_* (two VALU ops issued as one instruction; counted once)
+    delay_alu: int = 0  # s_delay_alu: a dependency stall the compiler could not schedule away
     rescale_valu: int = 0  # VALU inside the loop's EXEC-masked rescale branch (skippable)
 
     @property
@@ -156,8 +186,9 @@ def waves_per_simd_for_lds(lds_bytes: int, threads: int) -> int:
 def kernel_metadata(co: Path) -> dict:
     """{kernel name: {field: value}} from the code object's AMDGPU metadata note (YAML as
     printed by llvm-readelf: each kernel is a list item at indent 2, its fields at indent 4)."""
-    notes = subprocess.run([tool("llvm-readelf"), "--notes", str(co)], check=True,
-                           capture_output=True, text=True).stdout
+    notes = subprocess.run(
+        [tool("llvm-readelf"), "--notes", str(co)], check=True, capture_output=True, text=True
+    ).stdout
     entries, cur = [], None
     for line in notes.splitlines():
         if re.match(r"^  - \.", line):
@@ -177,8 +208,12 @@ _TRANS = ("v_exp_", "v_log_", "v_rcp_", "v_rsq_", "v_sqrt_", "v_sin_", "v_cos_")
 
 def disassemble(co: Path, arch: str) -> dict:
     """{kernel: [(address, mnemonic, operands, branch target or None)]}."""
-    text = subprocess.run([tool("llvm-objdump"), "-d", f"--mcpu={arch}", str(co)], check=True,
-                          capture_output=True, text=True).stdout
+    text = subprocess.run(
+        [tool("llvm-objdump"), "-d", f"--mcpu={arch}", str(co)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     funcs, cur, base = {}, None, 0
     for line in text.splitlines():
         m = re.match(r"^([0-9a-f]+) <([\w.$]+)>:", line)
@@ -252,9 +287,11 @@ def main_loop(insns: list) -> Optional[LoopMix]:
     body = best[2]
     for i, (addr, mnem, _, tgt) in enumerate(body):
         if mnem == "s_cbranch_execz" and tgt is not None and tgt > addr:
-            mix.rescale_valu += sum(1 for a, m, _, _ in body[i + 1:]
-                                    if a < tgt and m.startswith("v_") and not m.startswith(
-                                        ("v_wmma",) + _TRANS))
+            mix.rescale_valu += sum(
+                1
+                for a, m, _, _ in body[i + 1 :]
+                if a < tgt and m.startswith("v_") and not m.startswith(("v_wmma",) + _TRANS)
+            )
     return mix
 
 
@@ -264,9 +301,22 @@ def compile_source(src: Path, arch: str, work: Path, includes=()) -> Path:
     root = Path(__file__).resolve().parent.parent
     co = work / f"{src.stem}.{arch}.co"
     clang = tool("clang++") or "clang++"
-    cmd = [clang, "-x", "hip", f"--offload-arch={arch}", "-nogpulib", "-O3", "-std=c++17",
-           "--cuda-device-only", "--no-gpu-bundle-output", "-c", "-I", str(root / "csrc"), "-I",
-           str(root / "csrc" / "include")]
+    cmd = [
+        clang,
+        "-x",
+        "hip",
+        f"--offload-arch={arch}",
+        "-nogpulib",
+        "-O3",
+        "-std=c++17",
+        "--cuda-device-only",
+        "--no-gpu-bundle-output",
+        "-c",
+        "-I",
+        str(root / "csrc"),
+        "-I",
+        str(root / "csrc" / "include"),
+    ]
     cmd += [a for inc in includes for a in ("-I", inc)] + [str(src), "-o", str(co)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return co
@@ -286,15 +336,22 @@ def analyze_code_object(co: Path, arch: str) -> list:
     for name, md in meta.items():
         vgprs, lds = md.get("vgpr_count", 0), md.get("group_segment_fixed_size", 0)
         threads = md.get("max_flat_workgroup_size", 1024)
-        reports.append(KernelReport(
-            name=name, vgprs=vgprs, sgprs=md.get("sgpr_count", 0), lds_bytes=lds,
-            scratch_bytes=md.get("private_segment_fixed_size", 0),
-            vgpr_spills=md.get("vgpr_spill_count", 0), sgpr_spills=md.get("sgpr_spill_count", 0),
-            max_threads=threads, waves_vgpr=waves_per_simd_for_vgprs(vgprs),
-            waves_lds=waves_per_simd_for_lds(lds, threads),
-            loop=main_loop(code.get(name, []))))
+        reports.append(
+            KernelReport(
+                name=name,
+                vgprs=vgprs,
+                sgprs=md.get("sgpr_count", 0),
+                lds_bytes=lds,
+                scratch_bytes=md.get("private_segment_fixed_size", 0),
+                vgpr_spills=md.get("vgpr_spill_count", 0),
+                sgpr_spills=md.get("sgpr_spill_count", 0),
+                max_threads=threads,
+                waves_vgpr=waves_per_simd_for_vgprs(vgprs),
+                waves_lds=waves_per_simd_for_lds(lds, threads),
+                loop=main_loop(code.get(name, [])),
+            )
+        )
     return reports
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,8 +360,8 @@ def analyze_code_object(co: Path, arch: str) -> list:
 @dataclasses.dataclass(frozen=True)
 class GpuSpec:
     name: str
-    cus: int            # compute units (2 per WGP)
-    clock_hz: float     # boost clock
+    cus: int  # compute units (2 per WGP)
+    clock_hz: float  # boost clock
     dense_8bit_ops: float  # dense INT8/FP8 matrix ops per second (1 multiply-add = 2 ops)
     dram_bytes_s: float
 
@@ -315,8 +372,13 @@ class GpuSpec:
 # multiplayer.it/notizie/amd-radeon-rx-9070-xt-rx-9070-specifiche.html). The clock is the one
 # that makes the published TOPS consistent with 2048 dense 8-bit ops/clk/CU (see WMMA_CLOCKS):
 # 383e12 / (64 * 2048) = 2.92 GHz, AMD's listed boost clock for the R9700.
-R9700 = GpuSpec("Radeon AI PRO R9700", cus=64, clock_hz=383e12 / (64 * 2048),
-                dense_8bit_ops=383e12, dram_bytes_s=640e9)
+R9700 = GpuSpec(
+    "Radeon AI PRO R9700",
+    cus=64,
+    clock_hz=383e12 / (64 * 2048),
+    dense_8bit_ops=383e12,
+    dram_bytes_s=640e9,
+)
 GPUS = {"r9700": R9700}
 
 # A 16x16x16 8-bit WMMA is 4096 multiply-adds = 8192 ops; at 2048 ops/clk/CU over 2 SIMDs per CU
@@ -348,23 +410,31 @@ class Prediction:
     waves_per_simd: int
     queries_per_group: int
     rescale_executed: bool
-    issue_clocks: float      # one wave, one loop iteration: WMMA + VALU + transcendental issue
-    trans_clocks: float      # the transcendental unit's busy time for the same
-    stall_clocks: float      # exposed waits of one wave (hidden by the other waves if enough)
-    simd_clocks: float       # SIMD time per wave-iteration with the occupancy interleaved
-    lds_clocks: float        # LDS time per wave-iteration (its share of the WGP's LDS)
-    l2_clocks: float         # vector memory time per wave-iteration (its share of the CU)
-    bound: str               # which of the above sets the rate
-    iterations: float        # loop iterations per SIMD for the whole problem (tails included)
+    issue_clocks: float  # one wave, one loop iteration: WMMA + VALU + transcendental issue
+    trans_clocks: float  # the transcendental unit's busy time for the same
+    stall_clocks: float  # exposed waits of one wave (hidden by the other waves if enough)
+    simd_clocks: float  # SIMD time per wave-iteration with the occupancy interleaved
+    lds_clocks: float  # LDS time per wave-iteration (its share of the WGP's LDS)
+    l2_clocks: float  # vector memory time per wave-iteration (its share of the CU)
+    bound: str  # which of the above sets the rate
+    iterations: float  # loop iterations per SIMD for the whole problem (tails included)
     dram_seconds: float
     seconds: float
     tflops: float
     roof_tflops: float
 
 
-def predict(k: "KernelReport", gpu: GpuSpec = R9700, b: int = 1, h: int = 24, s: int = 16384,
-            d: int = 128, queries_per_group: int = 128, rescale_executed: bool = True,
-            kv_tile: int = 32) -> Prediction:
+def predict(
+    k: "KernelReport",
+    gpu: GpuSpec = R9700,
+    b: int = 1,
+    h: int = 24,
+    s: int = 16384,
+    d: int = 128,
+    queries_per_group: int = 128,
+    rescale_executed: bool = True,
+    kv_tile: int = 32,
+) -> Prediction:
     """Time of non-causal attention B x H x S x S x D from one kernel's main loop.
 
     One loop iteration of one wave does lp.wmma WMMAs; the problem needs FLOPs / WMMA_OPS of
@@ -389,9 +459,11 @@ def predict(k: "KernelReport", gpu: GpuSpec = R9700, b: int = 1, h: int = 24, s:
     lds = lp.lds * 16 * WAVE_SIZE * SIMDS_PER_WGP / LDS_BYTES_PER_CLK_PER_WGP
     l2 = lp.global_load * 16 * WAVE_SIZE * 2 / L2_BYTES_PER_CLK_PER_CU  # 2 SIMDs per CU
     per_iter = max(simd, lds, l2)
-    bound = {simd: "SIMD issue" if simd == issue else ("transcendental" if simd == trans
-                                                       else "latency"),
-             lds: "LDS", l2: "L2"}[per_iter]
+    bound = {
+        simd: "SIMD issue" if simd == issue else ("transcendental" if simd == trans else "latency"),
+        lds: "LDS",
+        l2: "L2",
+    }[per_iter]
     sq_pad = -(-s // queries_per_group) * queries_per_group
     skv_pad = -(-s // kv_tile) * kv_tile
     wmmas = b * h * sq_pad * skv_pad * d * 4 / WMMA_OPS  # QK^T and PV, 2 ops per MAC
@@ -412,22 +484,41 @@ def predict(k: "KernelReport", gpu: GpuSpec = R9700, b: int = 1, h: int = 24, s:
     dram = b * h * (sq_pad * d * 3 + skv_pad * d * 2) / gpu.dram_bytes_s
     seconds = max(seconds, dram)
     flops = 4.0 * b * h * s * s * d
-    return Prediction(gpu.name, (b, h, s, d), w, queries_per_group, rescale_executed, issue,
-                      trans, stall, simd, lds, l2, bound, wave_iters / simds, dram, seconds,
-                      flops / seconds / 1e12, gpu.dense_8bit_ops / 1e12)
+    return Prediction(
+        gpu.name,
+        (b, h, s, d),
+        w,
+        queries_per_group,
+        rescale_executed,
+        issue,
+        trans,
+        stall,
+        simd,
+        lds,
+        l2,
+        bound,
+        wave_iters / simds,
+        dram,
+        seconds,
+        flops / seconds / 1e12,
+        gpu.dense_8bit_ops / 1e12,
+    )
 
 
 def format_prediction(name: str, pr: Prediction) -> str:
     b, h, s, d = pr.shape
-    return (f"  {name}: PREDICTION for {pr.gpu}, B={b} H={h} S={s} D={d}, rescale "
-            f"{'executed' if pr.rescale_executed else 'skipped'} every tile\n"
-            f"    per wave-iteration: issue {pr.issue_clocks:.0f} clk (trans unit "
-            f"{pr.trans_clocks:.0f}, exposed waits {pr.stall_clocks:.0f} over "
-            f"{pr.waves_per_simd} waves) -> SIMD {pr.simd_clocks:.0f}, LDS {pr.lds_clocks:.0f}, "
-            f"L2 {pr.l2_clocks:.0f} clk; bound: {pr.bound}\n"
-            f"    {pr.seconds * 1e3:.2f} ms (DRAM floor {pr.dram_seconds * 1e3:.2f} ms) -> "
-            f"{pr.tflops:.0f} TFLOPS of a {pr.roof_tflops:.0f} TOPS roof "
-            f"({100 * pr.tflops / pr.roof_tflops:.0f} %)")
+    return (
+        f"  {name}: PREDICTION for {pr.gpu}, B={b} H={h} S={s} D={d}, rescale "
+        f"{'executed' if pr.rescale_executed else 'skipped'} every tile\n"
+        f"    per wave-iteration: issue {pr.issue_clocks:.0f} clk (trans unit "
+        f"{pr.trans_clocks:.0f}, exposed waits {pr.stall_clocks:.0f} over "
+        f"{pr.waves_per_simd} waves) -> SIMD {pr.simd_clocks:.0f}, LDS {pr.lds_clocks:.0f}, "
+        f"L2 {pr.l2_clocks:.0f} clk; bound: {pr.bound}\n"
+        f"    {pr.seconds * 1e3:.2f} ms (DRAM floor {pr.dram_seconds * 1e3:.2f} ms) -> "
+        f"{pr.tflops:.0f} TFLOPS of a {pr.roof_tflops:.0f} TOPS roof "
+        f"({100 * pr.tflops / pr.roof_tflops:.0f} %)"
+    )
+
 
 def report(arch: str, sos: Optional[list] = None) -> dict:
     """{module .so path: [KernelReport]}, building the modules when `sos` is not given."""
@@ -442,51 +533,87 @@ def format_report(arch: str, results: dict) -> str:
         out.append(f"\n{Path(so).name}")
         for k in kernels:
             out.append(f"  {k.name}")
-            out.append(f"    VGPRs {k.vgprs}  SGPRs {k.sgprs}  LDS {k.lds_bytes} B  scratch "
-                       f"{k.scratch_bytes} B  spills v{k.vgpr_spills}/s{k.sgpr_spills}  "
-                       f"workgroup {k.max_threads} threads")
-            out.append(f"    waves/SIMD {k.waves_per_simd} (VGPR limit {k.waves_vgpr}, LDS limit "
-                       f"{k.waves_lds}, hw max {MAX_WAVES_PER_SIMD})")
+            out.append(
+                f"    VGPRs {k.vgprs}  SGPRs {k.sgprs}  LDS {k.lds_bytes} B  scratch "
+                f"{k.scratch_bytes} B  spills v{k.vgpr_spills}/s{k.sgpr_spills}  "
+                f"workgroup {k.max_threads} threads"
+            )
+            out.append(
+                f"    waves/SIMD {k.waves_per_simd} (VGPR limit {k.waves_vgpr}, LDS limit "
+                f"{k.waves_lds}, hw max {MAX_WAVES_PER_SIMD})"
+            )
             lp = k.loop
             if lp is None:
                 out.append("    main loop: none with WMMA")
                 continue
-            out.append(f"    main loop 0x{lp.start:x}-0x{lp.end:x}: {lp.instructions} instructions: "
-                       f"iu8 WMMA {lp.wmma_iu8}, fp8 WMMA {lp.wmma_fp8}, VALU {lp.valu}, "
-                       f"transcendental {lp.trans}, LDS {lp.lds}, global loads "
-                       f"{lp.global_load}, global stores {lp.global_store}, s_wait* "
-                       f"{lp.waitcnt}, barriers {lp.barrier}, SALU/other {lp.salu}, "
-                       f"scratch {lp.scratch}")
-            out.append(f"    VOPD (dual-issue) {lp.vopd}, s_delay_alu {lp.delay_alu}, skippable "
-                       f"rescale VALU {lp.rescale_valu}")
-            out.append(f"    estimated WMMA share of vector issue cycles: "
-                       f"{100 * lp.wmma_cycle_share():.1f}% with the rescale executed, "
-                       f"{100 * lp.wmma_cycle_share(skip_rescale=True):.1f}% skipped "
-                       f"(8 clk per WMMA, 1 per other)")
+            out.append(
+                f"    main loop 0x{lp.start:x}-0x{lp.end:x}: {lp.instructions} instructions: "
+                f"iu8 WMMA {lp.wmma_iu8}, fp8 WMMA {lp.wmma_fp8}, VALU {lp.valu}, "
+                f"transcendental {lp.trans}, LDS {lp.lds}, global loads "
+                f"{lp.global_load}, global stores {lp.global_store}, s_wait* "
+                f"{lp.waitcnt}, barriers {lp.barrier}, SALU/other {lp.salu}, "
+                f"scratch {lp.scratch}"
+            )
+            out.append(
+                f"    VOPD (dual-issue) {lp.vopd}, s_delay_alu {lp.delay_alu}, skippable "
+                f"rescale VALU {lp.rescale_valu}"
+            )
+            out.append(
+                f"    estimated WMMA share of vector issue cycles: "
+                f"{100 * lp.wmma_cycle_share():.1f}% with the rescale executed, "
+                f"{100 * lp.wmma_cycle_share(skip_rescale=True):.1f}% skipped "
+                f"(8 clk per WMMA, 1 per other)"
+            )
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="gfx1201", choices=("gfx1201", "gfx1200"))
-    ap.add_argument("--so", action="append", help="module .so to analyze (repeatable); "
-                    "default: the csrc/gfx12 modules, built by the JIT")
-    ap.add_argument("--model", choices=sorted(GPUS), help="also print the performance "
-                    "model's PREDICTION for this GPU (B=1, H=24, S=16384, D=128)")
-    ap.add_argument("--source", action="append", default=[], help="a HIP source to compile "
-                    "for --arch with the gfx12 toolchain flags and analyze (repeatable)")
-    ap.add_argument("--code-object", action="append", default=[], help="an amdgcn code "
-                    "object (ELF) to analyze (repeatable)")
+    ap.add_argument(
+        "--so",
+        action="append",
+        help="module .so to analyze (repeatable); "
+        "default: the csrc/gfx12 modules, built by the JIT",
+    )
+    ap.add_argument(
+        "--model",
+        choices=sorted(GPUS),
+        help="also print the performance "
+        "model's PREDICTION for this GPU (B=1, H=24, S=16384, D=128)",
+    )
+    ap.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        help="a HIP source to compile "
+        "for --arch with the gfx12 toolchain flags and analyze (repeatable)",
+    )
+    ap.add_argument(
+        "--code-object",
+        action="append",
+        default=[],
+        help="an amdgcn code object (ELF) to analyze (repeatable)",
+    )
     ap.add_argument("--include", action="append", default=[], help="include dir for --source")
-    ap.add_argument("--queries-per-group", type=int, default=128, help="queries one "
-                    "workgroup owns, for the model of a foreign kernel (ours: 128)")
+    ap.add_argument(
+        "--queries-per-group",
+        type=int,
+        default=128,
+        help="queries one workgroup owns, for the model of a foreign kernel (ours: 128)",
+    )
     ap.add_argument("--seq", type=int, default=16384, help="S for the model")
     args = ap.parse_args(argv)
-    missing = [t for t in ("llvm-objcopy", "llvm-objdump", "llvm-readelf",
-                           "clang-offload-bundler") if not tool(t)]
+    missing = [
+        t
+        for t in ("llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler")
+        if not tool(t)
+    ]
     if missing:
-        print(f"missing LLVM tools: {', '.join(missing)} (apt install clang-19 llvm-19)",
-              file=sys.stderr)
+        print(
+            f"missing LLVM tools: {', '.join(missing)} (apt install clang-19 llvm-19)",
+            file=sys.stderr,
+        )
         return 2
     if args.source or args.code_object:
         results = {}
@@ -506,14 +633,30 @@ def main(argv=None) -> int:
                 if k.loop is None or k.loop.wmma == 0:
                     continue
                 for rescale in (True, False):
-                    pr = predict(k, GPUS[args.model], s=args.seq,
-                                 queries_per_group=args.queries_per_group,
-                                 rescale_executed=rescale)
+                    pr = predict(
+                        k,
+                        GPUS[args.model],
+                        s=args.seq,
+                        queries_per_group=args.queries_per_group,
+                        rescale_executed=rescale,
+                    )
                     print(format_prediction(k.name, pr))
-                tail = (predict(k, GPUS[args.model], s=513, h=24 * 32,
-                                queries_per_group=args.queries_per_group).seconds /
-                        predict(k, GPUS[args.model], s=512, h=24 * 32,
-                                queries_per_group=args.queries_per_group).seconds)
+                tail = (
+                    predict(
+                        k,
+                        GPUS[args.model],
+                        s=513,
+                        h=24 * 32,
+                        queries_per_group=args.queries_per_group,
+                    ).seconds
+                    / predict(
+                        k,
+                        GPUS[args.model],
+                        s=512,
+                        h=24 * 32,
+                        queries_per_group=args.queries_per_group,
+                    ).seconds
+                )
                 print(f"    tail: S=513 costs {tail:.2f}x S=512 (H=768, so rounds are full)")
     return 0
 

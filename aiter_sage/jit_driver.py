@@ -51,8 +51,11 @@ def _configure_logger() -> None:
     level = raw.strip().upper()
     logger.setLevel(level if level in LOG_LEVELS else "INFO")
     if level not in LOG_LEVELS:
-        logger.warning("AITER_SAGE_LOG_LEVEL=%r is not a log level; using INFO (valid: %s)",
-                       raw, ", ".join(LOG_LEVELS))
+        logger.warning(
+            "AITER_SAGE_LOG_LEVEL=%r is not a log level; using INFO (valid: %s)",
+            raw,
+            ", ".join(LOG_LEVELS),
+        )
 
 
 _configure_logger()
@@ -136,13 +139,15 @@ def prebuilt_root() -> Path:
 # The cache directory must be writable (to build) and on a mount that allows executable
 # mappings (to load what was built); otherwise say so instead of a raw OSError at dlopen.
 # ----------------------------------------------------------------------------------------------
-_CACHE_HINT = ("set AITER_SAGE_CACHE_DIR to a writable directory on a filesystem that is not "
-               "mounted noexec")
+_CACHE_HINT = (
+    "set AITER_SAGE_CACHE_DIR to a writable directory on a filesystem that is not mounted noexec"
+)
 
 
 def _cache_dir_error(path: Path, problem: str) -> CacheDirError:
-    return CacheDirError(f"aiter_sage: cannot use the module cache directory {path}: {problem}; "
-                         f"{_CACHE_HINT}")
+    return CacheDirError(
+        f"aiter_sage: cannot use the module cache directory {path}: {problem}; {_CACHE_HINT}"
+    )
 
 
 def _file_in_the_way(path: Path) -> Path | None:
@@ -167,12 +172,17 @@ def usable_cache_dir(path: Path) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         blocker = _file_in_the_way(path)
-        problem = (f"{blocker} is a file, not a directory" if blocker is not None
-                   else f"cannot create {path} ({e.strerror or e})")
+        problem = (
+            f"{blocker} is a file, not a directory"
+            if blocker is not None
+            else f"cannot create {path} ({e.strerror or e})"
+        )
         raise _cache_dir_error(path, problem) from None
     if _mounted_noexec(path):
-        raise _cache_dir_error(path, "it is on a filesystem mounted noexec, so the modules "
-                                     "built there cannot be loaded")
+        raise _cache_dir_error(
+            path,
+            "it is on a filesystem mounted noexec, so the modules built there cannot be loaded",
+        )
     return path
 
 
@@ -188,9 +198,10 @@ def load_library(path, mode: int = getattr(os, "RTLD_LOCAL", 0)) -> ctypes.CDLL:
         return ctypes.CDLL(str(path), mode=mode)
     except OSError as e:
         if _is_noexec_load_failure(e):
-            raise _cache_dir_error(Path(path).parent,
-                                   f"the system refused to map {Path(path).name} as executable "
-                                   f"(noexec mount?): {e}") from e
+            raise _cache_dir_error(
+                Path(path).parent,
+                f"the system refused to map {Path(path).name} as executable (noexec mount?): {e}",
+            ) from e
         raise
 
 
@@ -214,8 +225,9 @@ class Toolchain:
 def _compiler_identity(compiler: str) -> str:
     """Path and `--version` of a compiler: part of every cache key (run once per process)."""
     try:
-        out = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:  # pragma: no cover - broken compiler
         raise CompilerNotFound(f"{compiler} does not run: {e}") from e
     return f"{compiler}\n{out.strip()}"
@@ -241,8 +253,8 @@ def _include_flags() -> tuple[str, ...]:
 
 _INSTALL_HINT = {
     "hip": "install ROCm (hipcc, https://rocm.docs.amd.com) or, on Debian/Ubuntu, "
-           "`apt-get install clang-19 lld-19 libamdhip64-dev`; or set HIPCC to a HIP compiler; "
-           "or install ROCm's PyTorch, whose libhiprtc builds the modules (docs/hiprtc.md)",
+    "`apt-get install clang-19 lld-19 libamdhip64-dev`; or set HIPCC to a HIP compiler; "
+    "or install ROCm's PyTorch, whose libhiprtc builds the modules (docs/hiprtc.md)",
     "emu": "install clang (`apt-get install clang-19`) or set AITER_SAGE_EMU_CXX to a clang++",
     "cpu": "install a C++ compiler (`apt-get install g++`) or set CXX",
     "torch": "install a C++ compiler (`apt-get install g++`) or set CXX",
@@ -250,8 +262,9 @@ _INSTALL_HINT = {
 
 
 def _missing(kind: str, target: str) -> CompilerNotFound:
-    return CompilerNotFound(f"aiter_sage: no compiler to build the {target!r} modules: "
-                            f"{_INSTALL_HINT[kind]}")
+    return CompilerNotFound(
+        f"aiter_sage: no compiler to build the {target!r} modules: {_INSTALL_HINT[kind]}"
+    )
 
 
 HIP_TOOLCHAINS = ("hipcc", "clang", "hiprtc")  # order of preference for the gfx targets
@@ -269,23 +282,24 @@ def _hipcc_toolchain(arch: str) -> Toolchain | None:
 def _clang_hip_toolchain(arch: str) -> Toolchain | None:
     """Plain LLVM with Debian's HIP headers/runtime: no gfx12 device libraries exist there, so
     -nogpulib; the kernels use only builtins through csrc/include/sage/platform.h."""
-    clang = _which(os.environ.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20",
-                   "clang++-18")
+    clang = _which(
+        os.environ.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20", "clang++-18"
+    )
     if not clang or not _which("ld.lld-19", "ld.lld-20", "ld.lld-18", "ld.lld"):
         return None
     common = ("-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}") + _include_flags()
-    return Toolchain("hip", clang, ("-x", "hip", "-nogpulib") + common,
-                     ("-shared", "-lamdhip64"))
+    return Toolchain("hip", clang, ("-x", "hip", "-nogpulib") + common, ("-shared", "-lamdhip64"))
 
 
 def _hip_toolchain(arch: str) -> Toolchain:
     """hipcc, else clang++ --offload-arch, else hiprtc; AITER_SAGE_HIP_TOOLCHAIN forces one."""
     forced = os.environ.get("AITER_SAGE_HIP_TOOLCHAIN", "").strip().lower()
     if forced and forced not in HIP_TOOLCHAINS:
-        raise ValueError(f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced!r} is not one of "
-                         f"{', '.join(HIP_TOOLCHAINS)}")
-    makers = {"hipcc": _hipcc_toolchain, "clang": _clang_hip_toolchain,
-              "hiprtc": _hiprtc_toolchain}
+        raise ValueError(
+            f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced!r} is not one of "
+            f"{', '.join(HIP_TOOLCHAINS)}"
+        )
+    makers = {"hipcc": _hipcc_toolchain, "clang": _clang_hip_toolchain, "hiprtc": _hiprtc_toolchain}
     reasons = []
     for name in (forced,) if forced else HIP_TOOLCHAINS:
         try:
@@ -298,8 +312,9 @@ def _hip_toolchain(arch: str) -> Toolchain:
             return tc
         reasons.append(reason)
     if forced:
-        raise CompilerNotFound(f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced} but "
-                               f"{'; '.join(reasons)}")
+        raise CompilerNotFound(
+            f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced} but {'; '.join(reasons)}"
+        )
     raise CompilerNotFound(f"{_missing('hip', arch)} ({'; '.join(reasons)})")
 
 
@@ -308,12 +323,25 @@ def _emu_toolchain(sanitize: bool) -> Toolchain:
 
     -Wno-psabi: v8i32 passed by value is the same in every TU of a module. With ASan the
     loading process needs the sanitizer runtime preloaded (aiter_sage.emu.asan_env)."""
-    clang = _which(os.environ.get("AITER_SAGE_EMU_CXX", ""), "clang++-19", "clang++-20",
-                   "clang++-18", "clang++", os.path.join(_rocm_path(), "llvm", "bin", "clang++"))
+    clang = _which(
+        os.environ.get("AITER_SAGE_EMU_CXX", ""),
+        "clang++-19",
+        "clang++-20",
+        "clang++-18",
+        "clang++",
+        os.path.join(_rocm_path(), "llvm", "bin", "clang++"),
+    )
     if not clang:
         raise _missing("emu", "emu")
-    flags = ("-std=c++20", "-O2", "-fPIC", "-DSAGE_EMU", "-pthread", "-fvisibility=hidden",
-             "-Wno-psabi") + _include_flags()
+    flags = (
+        "-std=c++20",
+        "-O2",
+        "-fPIC",
+        "-DSAGE_EMU",
+        "-pthread",
+        "-fvisibility=hidden",
+        "-Wno-psabi",
+    ) + _include_flags()
     ld = ("-shared", "-pthread", "-ldl")
     if sanitize:
         san = ("-fsanitize=address", "-fno-omit-frame-pointer")
@@ -348,19 +376,31 @@ def _torch_toolchain() -> Toolchain:
     inc = [f"-isystem{p}" for p in cpp_extension.include_paths()]
     inc.append(f"-isystem{sysconfig.get_paths()['include']}")
     libdirs = cpp_extension.library_paths()
-    cflags = ("-std=c++20", "-O2", "-fPIC", "-DTORCH_API_INCLUDE_EXTENSION_H",
-              "-DTORCH_EXTENSION_NAME=aiter_sage_torch", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-              *inc) + _include_flags()
+    cflags = (
+        "-std=c++20",
+        "-O2",
+        "-fPIC",
+        "-DTORCH_API_INCLUDE_EXTENSION_H",
+        "-DTORCH_EXTENSION_NAME=aiter_sage_torch",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        *inc,
+    ) + _include_flags()
     libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
     if torch.version.hip or torch.version.cuda:  # GPU torch: register the GPU kernels too
         gpu = "hip" if torch.version.hip else "cuda"
-        cflags += ("-DSAGE_TORCH_GPU",
-                   *[f"-isystem{p}" for p in cpp_extension.include_paths(device_type=gpu)])
+        cflags += (
+            "-DSAGE_TORCH_GPU",
+            *[f"-isystem{p}" for p in cpp_extension.include_paths(device_type=gpu)],
+        )
         if torch.version.hip:
             cflags += ("-DUSE_ROCM", "-D__HIP_PLATFORM_AMD__")
         libs += [f"-lc10_{gpu}", f"-ltorch_{gpu}"]
-    ldflags = ("-shared", *[f"-L{d}" for d in libdirs], *[f"-Wl,-rpath,{d}" for d in libdirs],
-               *libs)
+    ldflags = (
+        "-shared",
+        *[f"-L{d}" for d in libdirs],
+        *[f"-Wl,-rpath,{d}" for d in libdirs],
+        *libs,
+    )
     return Toolchain("torch", cxx, cflags, ldflags)
 
 
@@ -397,8 +437,11 @@ def _source_files(spec, kind: str) -> list[Path]:
     files = {_src_root(spec) / s for s in spec.sources[kind]}
     dirs = {csrc_dir() / "include"} | {f.parent for f in files}
     for d in dirs:
-        files.update(p for p in d.rglob("*") if p.is_file() and p.suffix in
-                     (".h", ".hpp", ".hip", ".cpp", ".cu", ".cuh", ".inc"))
+        files.update(
+            p
+            for p in d.rglob("*")
+            if p.is_file() and p.suffix in (".h", ".hpp", ".hip", ".cpp", ".cu", ".cuh", ".inc")
+        )
     return sorted(files)
 
 
@@ -453,16 +496,19 @@ def _lock_timeout() -> float | None:
     except ValueError:
         value = float("nan")
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"aiter_sage: AITER_SAGE_LOCK_TIMEOUT={text!r} is not a number of "
-                         f"seconds >= 0 (unset it to wait for ever)")
+        raise ValueError(
+            f"aiter_sage: AITER_SAGE_LOCK_TIMEOUT={text!r} is not a number of "
+            f"seconds >= 0 (unset it to wait for ever)"
+        )
     return value
 
 
 def _holder_record() -> bytes:
     """What a lock holder writes into the lock file, for the processes that wait on it."""
     command = " ".join(getattr(sys, "orig_argv", None) or sys.argv or [sys.executable])
-    return json.dumps(dict(pid=os.getpid(), host=socket.gethostname(), command=command[:500],
-                           since=time.time())).encode()
+    return json.dumps(
+        dict(pid=os.getpid(), host=socket.gethostname(), command=command[:500], since=time.time())
+    ).encode()
 
 
 def _describe_holder(text: str) -> str:
@@ -525,13 +571,19 @@ class _FileLock:
             if timeout is not None and waited >= timeout:
                 raise LockTimeout(
                     f"aiter_sage: gave up after {waited:.1f} s "
-                    f"(AITER_SAGE_LOCK_TIMEOUT={timeout:g}) waiting for the build lock {self.path}, held by {self._holder()}; if that "
-                    f"process is hung, end it and retry")
+                    f"(AITER_SAGE_LOCK_TIMEOUT={timeout:g}) waiting for the build lock "
+                    f"{self.path}, held by {self._holder()}; if that process is hung, end it "
+                    f"and retry"
+                )
             if now >= next_report:
                 verb = f"still waiting ({waited:.0f} s)" if reported else "waiting"
-                logger.warning("%s for the build lock %s, held by %s%s", verb, self.path,
-                               self._holder(), "" if timeout is not None else
-                               " (AITER_SAGE_LOCK_TIMEOUT=SECONDS gives up)")
+                logger.warning(
+                    "%s for the build lock %s, held by %s%s",
+                    verb,
+                    self.path,
+                    self._holder(),
+                    "" if timeout is not None else " (AITER_SAGE_LOCK_TIMEOUT=SECONDS gives up)",
+                )
                 reported, next_report = True, now + LOCK_REPORT_EVERY_S
             pause = _LOCK_POLL_S if timeout is None else min(_LOCK_POLL_S, timeout - waited)
             time.sleep(max(pause, 0.0))
@@ -551,8 +603,10 @@ def _ninja() -> str:
 
         return os.path.join(ninja.BIN_DIR, "ninja")
     except ImportError:
-        raise CompilerNotFound("aiter_sage: ninja is needed to build modules: "
-                               "`pip install ninja` or `apt-get install ninja-build`") from None
+        raise CompilerNotFound(
+            "aiter_sage: ninja is needed to build modules: "
+            "`pip install ninja` or `apt-get install ninja-build`"
+        ) from None
 
 
 # Two escapings meet in build.ninja. Paths in `build` lines are read by ninja's lexer, where
@@ -565,9 +619,11 @@ _NINJA_UNWRITABLE = re.compile(r"[|\n\r\0]")
 
 def _unwritable(text: str, what: str) -> BuildError:
     bad = _NINJA_UNWRITABLE.search(text).group(0)
-    return BuildError(f"aiter_sage: the {what} {text!r} contains {bad!r}, which a ninja build "
-                      f"file cannot express; move it to a path without that character "
-                      f"(the module cache: AITER_SAGE_CACHE_DIR)")
+    return BuildError(
+        f"aiter_sage: the {what} {text!r} contains {bad!r}, which a ninja build "
+        f"file cannot express; move it to a path without that character "
+        f"(the module cache: AITER_SAGE_CACHE_DIR)"
+    )
 
 
 def ninja_path(path) -> str:
@@ -615,11 +671,14 @@ def write_ninja(spec, tc: Toolchain, build_dir: Path, output: Path) -> Path:
 
 def _run_ninja(build_dir: Path, spec, target: str) -> None:
     jobs = os.environ.get("MAX_JOBS") or str(max(1, os.cpu_count() or 1))
-    proc = subprocess.run([_ninja(), "-C", str(build_dir), "-j", jobs], capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        [_ninja(), "-C", str(build_dir), "-j", jobs], capture_output=True, text=True
+    )
     if proc.returncode != 0:
-        raise BuildError(f"aiter_sage: building {spec.name} for {target} failed:\n"
-                         f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        raise BuildError(
+            f"aiter_sage: building {spec.name} for {target} failed:\n"
+            f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
 
 
 def _spec(module):
@@ -651,9 +710,15 @@ def build_into(module, target: str, out_dir: Path) -> Path:
             else:
                 write_ninja(spec, tc, Path(tmp), tmp_so)
             _run_ninja(Path(tmp), spec, target)
-            meta = dict(key=key, sha256=_sha256_file(tmp_so), module=name, target=target,
-                        sources=digest,
-                        compiler=tc.identity.splitlines()[0], built=time.time())
+            meta = dict(
+                key=key,
+                sha256=_sha256_file(tmp_so),
+                module=name,
+                target=target,
+                sources=digest,
+                compiler=tc.identity.splitlines()[0],
+                built=time.time(),
+            )
             tmp_manifest = Path(tmp) / f"{stem}.json"
             tmp_manifest.write_text(json.dumps(meta, indent=1))
             os.replace(tmp_so, so)  # .so first: a manifest never names a missing file
@@ -674,7 +739,11 @@ def _prebuilt(spec, target: str) -> Path | None:
         except (OSError, ValueError):
             continue
         so = manifest.with_suffix(".so")
-        if meta.get("sources") == digest and so.is_file() and meta.get("sha256") == _sha256_file(so):
+        if (
+            meta.get("sources") == digest
+            and so.is_file()
+            and meta.get("sha256") == _sha256_file(so)
+        ):
             return so
     return None
 
@@ -742,28 +811,38 @@ class HiprtcToolchain(Toolchain):
     @property
     def identity(self) -> str:
         script = hashlib.sha256(_hiprtc_script().read_bytes()).hexdigest()[:16]
-        return (f"{_compiler_identity(self.compiler)}\nhiprtc {self.hiprtc_lib} "
-                f"{self.hiprtc_version}\ndevice {' '.join(self.device_flags)}\n"
-                f"hiprtc.py {script}")
+        return (
+            f"{_compiler_identity(self.compiler)}\nhiprtc {self.hiprtc_lib} "
+            f"{self.hiprtc_version}\ndevice {' '.join(self.device_flags)}\n"
+            f"hiprtc.py {script}"
+        )
 
     def write_ninja(self, spec, build_dir: Path, output: Path) -> Path:
         root = _src_root(spec)
         hip = [s for s in spec.sources[self.kind] if s.endswith(".hip")]
         if len(hip) != 1:  # one embedded code object per module (sage_hiprtc_code_object)
-            raise ValueError(f"aiter_sage: the hiprtc toolchain builds modules with exactly one "
-                             f".hip source; {spec.name} has {hip}")
+            raise ValueError(
+                f"aiter_sage: the hiprtc toolchain builds modules with exactly one "
+                f".hip source; {spec.name} has {hip}"
+            )
         # Same escaping rules as write_ninja: build-line paths through ninja_path (relative to
         # build_dir, where ninja runs), command variables through ninja_command_words.
-        hiprtc_cmd = [sys.executable, _hiprtc_script(), "compile", "--arch", self.arch,
-                      "--csrc", csrc_dir()]
+        hiprtc_cmd = [
+            sys.executable,
+            _hiprtc_script(),
+            "compile",
+            "--arch",
+            self.arch,
+            "--csrc",
+            csrc_dir(),
+        ]
         lines = [
             "ninja_required_version = 1.3",
             f"cxx = {ninja_command_words([self.compiler])}",
             f"cflags = {ninja_command_words(self.cflags + tuple(spec.flags))}",
             f"ldflags = {ninja_command_words(self.ldflags)}",
             f"hiprtc = {ninja_command_words(hiprtc_cmd)}",
-            "rule hiprtc\n  command = $hiprtc $in -o $co --embed $out\n"
-            "  description = HIPRTC $in",
+            "rule hiprtc\n  command = $hiprtc $in -o $co --embed $out\n  description = HIPRTC $in",
             "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
             "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",
         ]
@@ -771,13 +850,17 @@ class HiprtcToolchain(Toolchain):
         for i, src in enumerate(spec.sources[self.kind]):
             stem = f"{i}_{Path(src).stem}"
             host_obj = ninja_path(f"{stem}.host.o")
-            lines.append(f"build {host_obj}: cxx {ninja_path(root / src)}\n"
-                         f"  lang = {'-x c++' if src.endswith('.hip') else ''}")
+            lines.append(
+                f"build {host_obj}: cxx {ninja_path(root / src)}\n"
+                f"  lang = {'-x c++' if src.endswith('.hip') else ''}"
+            )
             objs.append(host_obj)
             if src.endswith(".hip"):
                 co, embed, co_obj = f"{stem}.co", f"{stem}_co.cpp", f"{stem}_co.o"
-                lines.append(f"build {ninja_path(embed)} | {ninja_path(co)}: hiprtc "
-                             f"{ninja_path(root / src)}\n  co = {ninja_command_words([co])}")
+                lines.append(
+                    f"build {ninja_path(embed)} | {ninja_path(co)}: hiprtc "
+                    f"{ninja_path(root / src)}\n  co = {ninja_command_words([co])}"
+                )
                 lines.append(f"build {ninja_path(co_obj)}: cxx {ninja_path(embed)}\n  lang =")
                 objs.append(ninja_path(co_obj))
         out = os.path.relpath(output, build_dir)
@@ -815,18 +898,36 @@ def _hiprtc_toolchain(arch: str) -> HiprtcToolchain:
     hip_inc = rtc.find_hip_include()
     if hip_inc is None:
         where = ", ".join(str(d) for d in rtc.hip_include_candidates())
-        raise CompilerNotFound(f"aiter_sage: hiprtc found ({lib.path}) but no HIP runtime headers "
-                               f"(hip/hip_runtime_api.h) in {where}; set ROCM_PATH")
+        raise CompilerNotFound(
+            f"aiter_sage: hiprtc found ({lib.path}) but no HIP runtime headers "
+            f"(hip/hip_runtime_api.h) in {where}; set ROCM_PATH"
+        )
     cxx = _host_cxx()
     if not cxx:
-        raise CompilerNotFound(f"aiter_sage: hiprtc needs a host C++ compiler for the launch "
-                               f"code: {_INSTALL_HINT['cpu']}")
+        raise CompilerNotFound(
+            f"aiter_sage: hiprtc needs a host C++ compiler for the launch "
+            f"code: {_INSTALL_HINT['cpu']}"
+        )
     # The host half parses the kernel bodies against declarations only (sage/hiprtc_host.h);
     # -Wno-unknown-pragmas: their clang/unroll pragmas mean nothing there.
-    cflags = ("-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-DSAGE_HIPRTC_HOST",
-              "-D__HIP_PLATFORM_AMD__", "-Wno-unknown-pragmas")
+    cflags = (
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-fvisibility=hidden",
+        "-DSAGE_HIPRTC_HOST",
+        "-D__HIP_PLATFORM_AMD__",
+        "-Wno-unknown-pragmas",
+    )
     if str(hip_inc) not in ("/usr/include", "/usr/local/include"):  # -isystem on a default
         cflags += (f"-isystem{hip_inc}",)  # dir would break libstdc++'s #include_next
-    return HiprtcToolchain("hip", cxx, cflags + _include_flags(), ("-shared", "-pthread", "-ldl"),
-                           arch=arch, hiprtc_lib=lib.path, hiprtc_version=version,
-                           device_flags=tuple(rtc.device_options(arch)))
+    return HiprtcToolchain(
+        "hip",
+        cxx,
+        cflags + _include_flags(),
+        ("-shared", "-pthread", "-ldl"),
+        arch=arch,
+        hiprtc_lib=lib.path,
+        hiprtc_version=version,
+        device_flags=tuple(rtc.device_options(arch)),
+    )

@@ -15,8 +15,7 @@ from typing import Optional
 
 import torch
 
-from . import jit_driver
-from . import ref
+from . import jit_driver, ref
 from .ref import Prepared
 
 OP_NAMES = ("gfx1201_sage_prepare", "gfx1201_sage_attention_fwd", "gfx1201_sage_attention")
@@ -48,7 +47,8 @@ def _check_namespace_free() -> None:
             raise OpNamespaceConflict(
                 f"aiter_sage: torch.ops.aiter.{name} is already registered by {owner} "
                 f"(probably ROCm's aiter package). aiter_sage provides the same op; import only "
-                f"one of them in a process, or call aiter's version.")
+                f"one of them in a process, or call aiter's version."
+            )
 
 
 def select_target(device: str, backend: str) -> str:
@@ -61,8 +61,9 @@ def select_target(device: str, backend: str) -> str:
             return "cpu"
         if b == "emu":  # AITER_SAGE_EMU_ASAN=1: the AddressSanitizer build (needs asan_env())
             return "emu-asan" if os.environ.get("AITER_SAGE_EMU_ASAN") == "1" else "emu"
-        raise ValueError(f"aiter_sage: backend {backend!r} needs a GPU tensor; CPU tensors run "
-                         f"on 'cpu' or 'emu'")
+        raise ValueError(
+            f"aiter_sage: backend {backend!r} needs a GPU tensor; CPU tensors run on 'cpu' or 'emu'"
+        )
     if dev.type == "cuda" and torch.version.hip:
         arch = torch.cuda.get_device_properties(dev).gcnArchName.split(":")[0]
         gfx12 = jit_driver.module_table().GFX12_ARCHS
@@ -71,8 +72,10 @@ def select_target(device: str, backend: str) -> str:
         if b not in ("", "gfx12"):
             raise ValueError(f"aiter_sage: backend {backend!r} cannot run on {arch} tensors")
         return arch
-    raise ValueError(f"aiter_sage: no backend for {dev.type} tensors (supported: CPU tensors, "
-                     f"and ROCm GPUs gfx1201/gfx1200)")
+    raise ValueError(
+        f"aiter_sage: no backend for {dev.type} tensors (supported: CPU tensors, "
+        f"and ROCm GPUs gfx1201/gfx1200)"
+    )
 
 
 def _resolve_module(name: str, device: str, backend: str) -> str:
@@ -136,43 +139,77 @@ def _concrete(t):
         return t
     from torch.fx.experimental.symbolic_shapes import optimization_hint as hint  # no guards
 
-    return torch.empty_strided([hint(d) for d in t.shape], [hint(d) for d in t.stride()],
-                               dtype=t.dtype, device=t.device)
+    return torch.empty_strided(
+        [hint(d) for d in t.shape], [hint(d) for d in t.stride()], dtype=t.dtype, device=t.device
+    )
 
 
 def _register_fakes(binding) -> None:
     @torch.library.register_fake("aiter::gfx1201_sage_prepare")
-    def _prepare_fake(query, key, value, softmax_scale=None, query_weight=None, key_weight=None,
-                      cosine=None, sine=None, eps=1e-6, *, backend=None):
+    def _prepare_fake(
+        query,
+        key,
+        value,
+        softmax_scale=None,
+        query_weight=None,
+        key_weight=None,
+        cosine=None,
+        sine=None,
+        eps=1e-6,
+        *,
+        backend=None,
+    ):
         _check_backend_name(backend)
-        binding.prepare_shapes(*map(_concrete, (query, key, value)), softmax_scale,
-                               *map(_concrete, (query_weight, key_weight, cosine, sine)), eps)
+        binding.prepare_shapes(
+            *map(_concrete, (query, key, value)),
+            softmax_scale,
+            *map(_concrete, (query_weight, key_weight, cosine, sine)),
+            eps,
+        )
         b, sq, h, d = query.shape
         sq_pad, skv_pad = _padded(sq), _padded(key.shape[1])
         new = query.new_empty
-        return (new((b, sq_pad, h, d), dtype=torch.int8),
-                new((b, h, sq_pad // ref.SCALE_BLOCK), dtype=torch.float32),
-                new((b, skv_pad, h, d), dtype=torch.int8),
-                new((b, h, skv_pad // ref.SCALE_BLOCK), dtype=torch.float32),
-                new((b, h, d, skv_pad), dtype=torch.uint8),
-                new((b, h, d), dtype=torch.float32))
+        return (
+            new((b, sq_pad, h, d), dtype=torch.int8),
+            new((b, h, sq_pad // ref.SCALE_BLOCK), dtype=torch.float32),
+            new((b, skv_pad, h, d), dtype=torch.int8),
+            new((b, h, skv_pad // ref.SCALE_BLOCK), dtype=torch.float32),
+            new((b, h, d, skv_pad), dtype=torch.uint8),
+            new((b, h, d), dtype=torch.float32),
+        )
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention_fwd")
-    def _fwd_fake(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None,
-                  backend=None):
+    def _fwd_fake(
+        q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None, backend=None
+    ):
         _check_backend_name(backend)
         prepared = (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)
         binding.fwd_shape(*map(_concrete, prepared), seq_len, kv_len)
         return q_int8.new_empty(q_int8.shape, dtype=torch.bfloat16)
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention")
-    def _attention_fake(query, key, value, softmax_scale=None, query_weight=None,
-                        key_weight=None, cosine=None, sine=None, eps=1e-6, *, is_causal=False,
-                        backend=None):
+    def _attention_fake(
+        query,
+        key,
+        value,
+        softmax_scale=None,
+        query_weight=None,
+        key_weight=None,
+        cosine=None,
+        sine=None,
+        eps=1e-6,
+        *,
+        is_causal=False,
+        backend=None,
+    ):
         _check_backend_name(backend)
-        binding.attention_shape(*map(_concrete, (query, key, value)), softmax_scale,
-                                *map(_concrete, (query_weight, key_weight, cosine, sine)), eps,
-                                is_causal)
+        binding.attention_shape(
+            *map(_concrete, (query, key, value)),
+            softmax_scale,
+            *map(_concrete, (query_weight, key_weight, cosine, sine)),
+            eps,
+            is_causal,
+        )
         return query.new_empty(query.shape, dtype=torch.bfloat16)
 
 
@@ -186,9 +223,11 @@ def check_no_grad(*tensors, op: str = "gfx1201_sage_attention") -> None:
         return
     for t in tensors:
         if isinstance(t, torch.Tensor) and t.requires_grad:
-            raise ValueError(f"aiter_sage: {op} is inference-only: an input requires grad "
-                             f"while grad mode is on; call it under torch.no_grad() or "
-                             f"torch.inference_mode(), or pass detached tensors")
+            raise ValueError(
+                f"aiter_sage: {op} is inference-only: an input requires grad "
+                f"while grad mode is on; call it under torch.no_grad() or "
+                f"torch.inference_mode(), or pass detached tensors"
+            )
 
 
 def _register_autograd() -> None:
@@ -201,8 +240,7 @@ def _register_autograd() -> None:
         def backward(ctx, *grads):
             raise RuntimeError(f"aiter_sage: {op_name} is inference-only (no backward)")
 
-        torch.library.register_autograd(f"aiter::{op_name}", backward,
-                                        setup_context=setup_context)
+        torch.library.register_autograd(f"aiter::{op_name}", backward, setup_context=setup_context)
 
     for name in OP_NAMES:
         make(name)
@@ -211,9 +249,19 @@ def _register_autograd() -> None:
 # ----------------------------------------------------------------------------------------------
 # Public Python API: upstream ROCm aiter's call forms; additions keyword-only after them.
 # ----------------------------------------------------------------------------------------------
-def gfx1201_sage_prepare(query, key, value, softmax_scale=None, query_weight=None,
-                         key_weight=None, cosine=None, sine=None, eps=1e-6, *,
-                         backend=None) -> Prepared:
+def gfx1201_sage_prepare(
+    query,
+    key,
+    value,
+    softmax_scale=None,
+    query_weight=None,
+    key_weight=None,
+    cosine=None,
+    sine=None,
+    eps=1e-6,
+    *,
+    backend=None,
+) -> Prepared:
     """Quantize BF16 ``[B, S, H, 128]`` query/key/value for SageAttention.
 
     Returns ``(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)`` (a :class:`Prepared`
@@ -228,16 +276,28 @@ def gfx1201_sage_prepare(query, key, value, softmax_scale=None, query_weight=Non
     four together; here each pair is optional).
     """
     _register()
-    check_no_grad(query, key, value, query_weight, key_weight, cosine, sine,
-                  op="gfx1201_sage_prepare")
-    out = torch.ops.aiter.gfx1201_sage_prepare(query, key, value, softmax_scale, query_weight,
-                                               key_weight, cosine, sine, eps, backend=backend)
+    check_no_grad(
+        query, key, value, query_weight, key_weight, cosine, sine, op="gfx1201_sage_prepare"
+    )
+    out = torch.ops.aiter.gfx1201_sage_prepare(
+        query,
+        key,
+        value,
+        softmax_scale,
+        query_weight,
+        key_weight,
+        cosine,
+        sine,
+        eps,
+        backend=backend,
+    )
     q8, q_scale, k8, k_scale, v8_bits, v_scale = out
     return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale)
 
 
-def gfx1201_sage_attention_fwd(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *,
-                               kv_len=None, backend=None) -> torch.Tensor:
+def gfx1201_sage_attention_fwd(
+    q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None, backend=None
+) -> torch.Tensor:
     """Attention over the tensors :func:`gfx1201_sage_prepare` returned.
 
     ``seq_len``: the real query length (and key length unless ``kv_len`` is given). Returns
@@ -249,13 +309,24 @@ def gfx1201_sage_attention_fwd(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale,
     # the binding to name it.
     v_bits = v_fp8.view(torch.uint8) if v_fp8.dtype == torch.float8_e4m3fn else v_fp8
     return torch.ops.aiter.gfx1201_sage_attention_fwd(
-        q_int8, q_scale, k_int8, k_scale, v_bits, v_scale, seq_len, kv_len=kv_len,
-        backend=backend)
+        q_int8, q_scale, k_int8, k_scale, v_bits, v_scale, seq_len, kv_len=kv_len, backend=backend
+    )
 
 
-def gfx1201_sage_attention(query, key, value, softmax_scale=None, query_weight=None,
-                           key_weight=None, cosine=None, sine=None, eps=1e-6, *,
-                           is_causal=False, backend=None) -> torch.Tensor:
+def gfx1201_sage_attention(
+    query,
+    key,
+    value,
+    softmax_scale=None,
+    query_weight=None,
+    key_weight=None,
+    cosine=None,
+    sine=None,
+    eps=1e-6,
+    *,
+    is_causal=False,
+    backend=None,
+) -> torch.Tensor:
     """SageAttention: softmax(q kᵀ · softmax_scale) v with INT8 Q·Kᵀ and FP8 P·V.
 
     query: BF16 ``[B, Sq, H, 128]``; key, value: BF16 ``[B, Skv, H, 128]`` (last dim
@@ -266,8 +337,18 @@ def gfx1201_sage_attention(query, key, value, softmax_scale=None, query_weight=N
     _register()
     check_no_grad(query, key, value, query_weight, key_weight, cosine, sine)
     return torch.ops.aiter.gfx1201_sage_attention(
-        query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps,
-        is_causal=is_causal, backend=backend)
+        query,
+        key,
+        value,
+        softmax_scale,
+        query_weight,
+        key_weight,
+        cosine,
+        sine,
+        eps,
+        is_causal=is_causal,
+        backend=backend,
+    )
 
 
 def available_backends() -> list[str]:

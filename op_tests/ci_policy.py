@@ -37,5 +37,7 @@ def pytest_runtest_makereport(item, call):
     if reason.startswith(HARDWARE_PREFIX):
         return
     report.outcome = "failed"
-    report.longrepr = (f"CI=true forbids this skip: {reason!r}. Only absent hardware may skip "
-                       f"in CI; install what is missing (.ci/install lists every package).")
+    report.longrepr = (
+        f"CI=true forbids this skip: {reason!r}. Only absent hardware may skip "
+        f"in CI; install what is missing (.ci/install lists every package)."
+    )

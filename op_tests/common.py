@@ -7,7 +7,6 @@ clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
 
 import aiter_sage  # noqa: E402
 from aiter_sage import jit_driver  # noqa: E402
+
 
 def present_backends() -> list[str]:
     found = aiter_sage.available_backends()
@@ -54,9 +54,11 @@ def randn_bshd(b, s, h, *, seed, scale=1.0, device="cpu"):
 
 
 def qkv(b, sq, skv, h, *, seed=0, device="cpu"):
-    return (randn_bshd(b, sq, h, seed=seed, device=device),
-            randn_bshd(b, skv, h, seed=seed + 1, device=device),
-            randn_bshd(b, skv, h, seed=seed + 2, device=device))
+    return (
+        randn_bshd(b, sq, h, seed=seed, device=device),
+        randn_bshd(b, skv, h, seed=seed + 1, device=device),
+        randn_bshd(b, skv, h, seed=seed + 2, device=device),
+    )
 
 
 def rope_tables(s, rope_dim, *, base=10000.0):
@@ -71,8 +73,10 @@ def rope_tables(s, rope_dim, *, base=10000.0):
 def norm_weights(seed=7):
     """RMSNorm weights as upstream's test draws them: rand + 0.5, BF16 [128]."""
     g = torch.Generator().manual_seed(seed)
-    return ((torch.rand(128, generator=g) + 0.5).to(torch.bfloat16),
-            (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16))
+    return (
+        (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16),
+        (torch.rand(128, generator=g) + 0.5).to(torch.bfloat16),
+    )
 
 
 def to_device(backend, *tensors):

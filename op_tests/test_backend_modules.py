@@ -16,9 +16,10 @@ import sys
 
 import pytest
 import torch
-from common import BACKENDS, REPO, run_as_script
 
 import aiter_sage
+
+from common import BACKENDS, REPO, run_as_script
 
 KERNEL_MODULES = ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
 EXPECTED_TARGET = {"cpu": "target=cpu", "emu": "target=gfx12"}
@@ -76,8 +77,14 @@ def test_impossible_emulator_stack_size_is_a_python_error():
     naming the variable, raised from the op (run in a child: the old behaviour kills it)."""
     require("emu")
     env = dict(os.environ, AITER_SAGE_EMU_STACK_KB="2147483647")
-    r = subprocess.run([sys.executable, "-c", STACK_SCRIPT], env=env, cwd=REPO,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", STACK_SCRIPT],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["error"] and "AITER_SAGE_EMU_STACK_KB=2147483647" in res["error"], res

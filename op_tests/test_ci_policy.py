@@ -36,9 +36,25 @@ def _run(tmp_path, ci: str | None):
     env.pop("PYTEST_ADDOPTS", None)
     if ci is not None:
         env["CI"] = ci
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "ci_policy", "-q", "-rA",
-                        "-p", "no:cacheprovider", str(tmp_path / "test_sample.py")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "ci_policy",
+            "-q",
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_sample.py"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return r.stdout + r.stderr
 
 

@@ -25,10 +25,11 @@ import textwrap
 
 import numpy as np
 import pytest
-from common import REPO as ROOT
-from common import run_as_script
 
 from aiter_sage import emu, jit_driver
+
+from common import REPO as ROOT
+from common import run_as_script
 
 PROBES = ROOT / "op_tests" / "emu_probes"
 WMMA_PROBE = PROBES / "wmma_probe.hip"
@@ -91,8 +92,9 @@ IU8_COMBOS = [("ss", True, True), ("su", True, False), ("us", False, True), ("uu
 def _run_wmma_iu8(kernel, a, b, c):
     mod = _module(WMMA_PROBE)
     d = np.zeros((16, 16), np.int32)
-    res = mod.run(kernel, (1, 1, 1), 32, [a.view(np.int8), np.ascontiguousarray(b.T).view(np.int8),
-                                          c, d])
+    res = mod.run(
+        kernel, (1, 1, 1), 32, [a.view(np.int8), np.ascontiguousarray(b.T).view(np.int8), c, d]
+    )
     assert res.ok, (res.error, res.reports)
     return d
 
@@ -102,7 +104,7 @@ def _iu8_ref(a, b, c, sa, sb, clamp):
     B = b.view(np.int8 if sb else np.uint8).astype(np.int64)
     s = A @ B + c.astype(np.int64)
     if clamp:
-        return np.clip(s, -2**31, 2**31 - 1).astype(np.int32)
+        return np.clip(s, -(2**31), 2**31 - 1).astype(np.int32)
     return (s & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
 
 
@@ -142,8 +144,11 @@ def test_wmma_iu8_overflow_wraps_or_saturates():
         b = rng.integers(0, 256, (16, 16), dtype=np.uint8)
         near = rng.integers(0, 50000, (16, 16))
         c = np.where(rng.random((16, 16)) < 0.5, 2**31 - 1 - near, -(2**31) + near).astype(np.int32)
-        exact = (a.view(np.int8 if sa else np.uint8).astype(np.int64)
-                 @ b.view(np.int8 if sb else np.uint8).astype(np.int64) + c)
+        exact = (
+            a.view(np.int8 if sa else np.uint8).astype(np.int64)
+            @ b.view(np.int8 if sb else np.uint8).astype(np.int64)
+            + c
+        )
         overflow = (exact > 2**31 - 1) | (exact < -(2**31))
         assert overflow.sum() > 10, tag  # the case really overflows
         for clamp in (False, True):
@@ -154,8 +159,9 @@ def test_wmma_iu8_overflow_wraps_or_saturates():
                 assert (d[exact > 2**31 - 1] == 2**31 - 1).all()
                 assert (d[exact < -(2**31)] == -(2**31)).all()
             else:
-                np.testing.assert_array_equal(d[overflow], (exact[overflow] & 0xFFFFFFFF)
-                                              .astype(np.uint32).view(np.int32))
+                np.testing.assert_array_equal(
+                    d[overflow], (exact[overflow] & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+                )
 
 
 def test_wmma_fp8_random_and_specials():
@@ -181,8 +187,12 @@ def test_wmma_fp8_random_and_specials():
     b = rng.choice(finite, (16, 16)).astype(np.uint8)
     a[5, 11] = 0xFF
     d = np.zeros((16, 16), np.float32)
-    res = mod.run("probe_wmma_fp8", (1, 1, 1), 32, [a, np.ascontiguousarray(b.T),
-                                                    np.zeros((16, 16), np.float32), d])
+    res = mod.run(
+        "probe_wmma_fp8",
+        (1, 1, 1),
+        32,
+        [a, np.ascontiguousarray(b.T), np.zeros((16, 16), np.float32), d],
+    )
     assert res.ok
     assert np.isnan(d[5]).all() and not np.isnan(np.delete(d, 5, axis=0)).any()
 
@@ -194,8 +204,12 @@ def test_fp8_decode_all_codes_through_wmma():
     eye = np.zeros((16, 16), np.uint8)
     np.fill_diagonal(eye, 0x38)  # 1.0
     d = np.zeros((16, 16), np.float32)
-    res = mod.run("probe_wmma_fp8", (1, 1, 1), 32, [codes, np.ascontiguousarray(eye.T),
-                                                    np.zeros((16, 16), np.float32), d])
+    res = mod.run(
+        "probe_wmma_fp8",
+        (1, 1, 1),
+        32,
+        [codes, np.ascontiguousarray(eye.T), np.zeros((16, 16), np.float32), d],
+    )
     assert res.ok
     ref = np.array([fp8_decode_ref(c) for c in range(256)], np.float32).reshape(16, 16)
     # NaN x 0 = NaN: the rows holding 0x7F (row 7) and 0xFF (row 15) come back all NaN.
@@ -207,8 +221,12 @@ def test_fp8_decode_all_codes_through_wmma():
     # 0x7E / 0xFE (+-448) and the rest of rows 7 / 15 once more, without the NaN column
     codes2 = codes.copy()
     codes2[7, 15], codes2[15, 15] = 0x00, 0x80
-    res = mod.run("probe_wmma_fp8", (1, 1, 1), 32, [codes2, np.ascontiguousarray(eye.T),
-                                                    np.zeros((16, 16), np.float32), d])
+    res = mod.run(
+        "probe_wmma_fp8",
+        (1, 1, 1),
+        32,
+        [codes2, np.ascontiguousarray(eye.T), np.zeros((16, 16), np.float32), d],
+    )
     assert res.ok
     ref2 = np.array([fp8_decode_ref(c) for c in codes2.reshape(-1)], np.float32).reshape(16, 16)
     np.testing.assert_array_equal(d, ref2)
@@ -223,20 +241,58 @@ def test_fp8_decode_all_codes_through_wmma():
 
 # ---------------------------------------------------------------- v_cvt_pk_fp8_f32
 def _cvt_inputs():
-    vals = [0.0, -0.0, 1.0, -1.0, 448.0, -448.0, 449.0, 463.99997, 464.0, 464.00003, 465.0, 480.0,
-            1e6, -1e6, math.inf, -math.inf, math.nan, 2.0**-9, 2.0**-10, 2.0**-10 * 1.0000001,
-            3 * 2.0**-10, 5 * 2.0**-11, 2.0**-6, 2.0**-6 - 2.0**-10, 2.0**-6 - 2.0**-11, 1e-30,
-            1.4e-45, -2.0**-10, 0.0625 * 1.0625, 1.0 + 1 / 16, 1.0 + 3 / 16, 240.0, 248.0, 256.0]
+    vals = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        448.0,
+        -448.0,
+        449.0,
+        463.99997,
+        464.0,
+        464.00003,
+        465.0,
+        480.0,
+        1e6,
+        -1e6,
+        math.inf,
+        -math.inf,
+        math.nan,
+        2.0**-9,
+        2.0**-10,
+        2.0**-10 * 1.0000001,
+        3 * 2.0**-10,
+        5 * 2.0**-11,
+        2.0**-6,
+        2.0**-6 - 2.0**-10,
+        2.0**-6 - 2.0**-11,
+        1e-30,
+        1.4e-45,
+        -(2.0**-10),
+        0.0625 * 1.0625,
+        1.0 + 1 / 16,
+        1.0 + 3 / 16,
+        240.0,
+        248.0,
+        256.0,
+    ]
     # every code's value and the exact midpoints (ties) and their float32 neighbours
     pos = sorted(v for v, c in _POS_VALUES if c != 0x7F)
     for v in pos:
         vals += [v, -v]
     for lo, hi in zip(pos, pos[1:] + [480.0]):
         mid = (lo + hi) / 2
-        vals += [mid, -mid, float(np.nextafter(f32(mid), f32(0))),
-                 float(np.nextafter(f32(mid), f32(1e9)))]
+        vals += [
+            mid,
+            -mid,
+            float(np.nextafter(f32(mid), f32(0))),
+            float(np.nextafter(f32(mid), f32(1e9))),
+        ]
     rng = np.random.default_rng(3)
-    vals += list((rng.standard_normal(2000) * np.exp2(rng.integers(-12, 10, 2000))).astype(np.float32))
+    vals += list(
+        (rng.standard_normal(2000) * np.exp2(rng.integers(-12, 10, 2000))).astype(np.float32)
+    )
     while len(vals) % 4:
         vals.append(0.0)
     return np.array(vals, np.float32)
@@ -279,11 +335,17 @@ def test_cross_lane_and_math_builtins():
     assert res.ok, res.reports
     for t in range(64):
         lane, w = t % 32, t // 32
-        alive = lambda l: not (w == 1 and l >= 28)  # noqa: E731
+
+        def alive(ln, w=w):
+            return not (w == 1 and ln >= 28)
+
         if not alive(lane):
             assert (out[t] == -7.0).all()
             continue
-        src = lambda l: x[32 * w + l] if alive(l) else 0.0  # noqa: E731  ds_bpermute: 0
+
+        def src(ln, w=w):
+            return x[32 * w + ln] if alive(ln) else 0.0  # ds_bpermute reads 0 from dead lanes
+
         assert out[t, 0] == src(lane ^ 1)
         assert out[t, 1] == src(lane ^ 16)
         assert out[t, 2] == (32 * w + (lane ^ 5) if alive(lane ^ 5) else 0)
@@ -372,8 +434,11 @@ def _gfx1201_asm(path):
         tc = jit_driver.toolchain_for("gfx1201")
     except jit_driver.CompilerNotFound as e:
         _skip(str(e))
-    r = subprocess.run([tc.compiler, *tc.cflags, "--cuda-device-only", "-S", str(path), "-o", "-"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [tc.compiler, *tc.cflags, "--cuda-device-only", "-S", str(path), "-o", "-"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 and "hip_runtime.h" in r.stderr:
         _skip("HIP headers not installed (libamdhip64-dev)")
     assert r.returncode == 0, r.stderr[-4000:]
@@ -420,8 +485,13 @@ def test_asan_probe():
     script = _ASAN_SCRIPT.format(pkgdir=str(ROOT / "aiter_sage"), src=str(CHECKS_PROBE))
 
     def run(kernel):
-        return subprocess.run([sys.executable, "-c", script, kernel], env=env,
-                              capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", script, kernel],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     r = run("probe_divergence_ok")  # fibers, barriers, LDS: must be ASan-clean
     assert r.returncode == 0 and "RC 0 []" in r.stdout, r.stdout + r.stderr[-4000:]
@@ -455,8 +525,14 @@ def test_product_modules_under_asan():
     except emu.EmuError as e:
         _skip(str(e))
     env["AITER_SAGE_EMU_ASAN"] = "1"
-    r = subprocess.run([sys.executable, "-c", _PRODUCT_ASAN_SCRIPT], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-c", _PRODUCT_ASAN_SCRIPT],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0 and "PRODUCT-OK" in r.stdout, r.stdout + r.stderr[-4000:]
     assert "AddressSanitizer" not in r.stderr, r.stderr[-4000:]
 
@@ -470,10 +546,28 @@ def test_cli_runs_a_kernel_and_reports(tmp_path):
     np.save(dst, np.zeros(64, np.int32))
 
     def cli(kernel):
-        return subprocess.run([sys.executable, "-m", "aiter_sage.emu", str(CHECKS_PROBE), kernel,
-                               "--grid", "1", "--block", "64", "--arg", str(src), "--arg",
-                               str(dst), "--write-back"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "aiter_sage.emu",
+                str(CHECKS_PROBE),
+                kernel,
+                "--grid",
+                "1",
+                "--block",
+                "64",
+                "--arg",
+                str(src),
+                "--arg",
+                str(dst),
+                "--write-back",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     ok = cli("probe_lds_exchange")
     assert ok.returncode == 0 and "ok: probe_lds_exchange" in ok.stdout, ok.stdout + ok.stderr
@@ -511,8 +605,14 @@ def test_lane_stacks_that_cannot_exist_fail_the_launch():
         _skip("clang++ not installed")
     _module(CHECKS_PROBE)  # built here, in the shared cache
     env = dict(os.environ, AITER_SAGE_LAZY_REGISTER="1")
-    r = subprocess.run([sys.executable, "-c", _STACK_SCRIPT, str(CHECKS_PROBE)], env=env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", _STACK_SCRIPT, str(CHECKS_PROBE)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     res = json.loads(r.stdout.strip().splitlines()[-1])
     for bad in ("2147483647", "abc", "8"):

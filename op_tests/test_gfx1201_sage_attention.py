@@ -7,13 +7,24 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
-from common import (REPO, BACKENDS, backend_params, device_for, norm_weights, qkv, randn_bshd,
-                    rope_tables, run_as_script, to_device)
 
 import aiter_sage
 from aiter_sage import ref
 
-SCALE = 128 ** -0.5
+from common import (
+    BACKENDS,
+    REPO,
+    backend_params,
+    device_for,
+    norm_weights,
+    qkv,
+    randn_bshd,
+    rope_tables,
+    run_as_script,
+    to_device,
+)
+
+SCALE = 128**-0.5
 
 
 def check_band(out, q, k, v, scale=SCALE):
@@ -25,8 +36,9 @@ def check_band(out, q, k, v, scale=SCALE):
 def run(backend, q, k, v, *args, **kw):
     dev = device_for(backend)
     args = tuple(a.to(dev) if isinstance(a, torch.Tensor) else a for a in args)
-    return aiter_sage.gfx1201_sage_attention(q.to(dev), k.to(dev), v.to(dev), *args,
-                                             backend=backend, **kw)
+    return aiter_sage.gfx1201_sage_attention(
+        q.to(dev), k.to(dev), v.to(dev), *args, backend=backend, **kw
+    )
 
 
 # ---- upstream's accuracy cases -------------------------------------------------------------
@@ -105,8 +117,9 @@ def test_fwd_matches_the_model_at_the_kernel_tile(backend):
     q, k, v = qkv(2, sq, skv, 2, seed=31)
     prep = ref.prepare(q, k, v, SCALE)
     dev = device_for(backend)
-    out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq, kv_len=skv,
-                                                backend=backend)[:, :sq]
+    out = aiter_sage.gfx1201_sage_attention_fwd(
+        *[t.to(dev) for t in prep], sq, kv_len=skv, backend=backend
+    )[:, :sq]
     fp8_model = ref.attention_from_prepared(prep, sq, skv)
     exact_p_model = ref.attention_from_prepared(prep, sq, skv, fp8_p=False)
     gpu_like = backend in ("emu", "gfx12")
@@ -129,8 +142,9 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     k[0, 70, 1, 3] = float("nan")
     prep = ref.prepare(q, k, v, SCALE)
     dev = device_for(backend)
-    out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq,
-                                                backend=backend)[:, :sq].cpu()
+    out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq, backend=backend)[
+        :, :sq
+    ].cpu()
     model = ref.attention_from_prepared(prep, sq, fp8_p=backend in ("emu", "gfx12"))
     bad = ~torch.isfinite(out.float()).all(-1)  # [B, S, H]
     want = ~torch.isfinite(model.float()).all(-1)
@@ -148,8 +162,9 @@ def test_prepare_then_fwd_equals_attention(backend):
     padded = aiter_sage.gfx1201_sage_attention_fwd(*prep, s, backend=backend)
     assert padded.shape == (1, 160, 2, 128) and padded.dtype == torch.bfloat16
     assert not padded[:, s:].cpu().any()  # rows at or beyond seq_len are zero
-    assert torch.equal(padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE,
-                                                                        backend=backend))
+    assert torch.equal(
+        padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend)
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -186,8 +201,10 @@ def test_fwd_accepts_misaligned_prepared_tensors(backend):
     prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=backend)
     odd = [_misaligned_copy(t) for t in prep]
     assert all(t.is_contiguous() and t.data_ptr() % 16 for t in odd)
-    assert torch.equal(aiter_sage.gfx1201_sage_attention_fwd(*odd, 70, backend=backend),
-                       aiter_sage.gfx1201_sage_attention_fwd(*prep, 70, backend=backend))
+    assert torch.equal(
+        aiter_sage.gfx1201_sage_attention_fwd(*odd, 70, backend=backend),
+        aiter_sage.gfx1201_sage_attention_fwd(*prep, 70, backend=backend),
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -232,7 +249,7 @@ def test_large_magnitudes_stay_finite(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_default_scale_is_inverse_sqrt_head_dim(backend):
     q, k, v = qkv(1, 64, 64, 1, seed=81)
-    assert torch.equal(run(backend, q, k, v), run(backend, q, k, v, 128 ** -0.5))
+    assert torch.equal(run(backend, q, k, v), run(backend, q, k, v, 128**-0.5))
 
 
 # ---- upstream's call forms -------------------------------------------------------------------
@@ -247,21 +264,41 @@ def test_upstream_call_forms(backend, monkeypatch):
     q, k, v = to_device(backend, *qkv(1, s, s, 2, seed=82))
     qw, kw, cos, sin = to_device(backend, *norm_weights(), *rope_tables(s, 96))
     positional = aiter.gfx1201_sage_attention(q, k, v, 0.088, qw, kw, cos, sin, 1e-5)
-    keywords = aiter.gfx1201_sage_attention(query=q, key=k, value=v, softmax_scale=0.088,
-                                            query_weight=qw, key_weight=kw, cosine=cos,
-                                            sine=sin, eps=1e-5)
+    keywords = aiter.gfx1201_sage_attention(
+        query=q,
+        key=k,
+        value=v,
+        softmax_scale=0.088,
+        query_weight=qw,
+        key_weight=kw,
+        cosine=cos,
+        sine=sin,
+        eps=1e-5,
+    )
     op = torch.ops.aiter.gfx1201_sage_attention(q, k, v, 0.088, qw, kw, cos, sin, 1e-5)
-    op_kw = torch.ops.aiter.gfx1201_sage_attention(query=q, key=k, value=v, softmax_scale=0.088,
-                                                   query_weight=qw, key_weight=kw, cosine=cos,
-                                                   sine=sin, eps=1e-5)
+    op_kw = torch.ops.aiter.gfx1201_sage_attention(
+        query=q,
+        key=k,
+        value=v,
+        softmax_scale=0.088,
+        query_weight=qw,
+        key_weight=kw,
+        cosine=cos,
+        sine=sin,
+        eps=1e-5,
+    )
     composed = aiter.gfx1201_sage_attention_fwd(
-        *aiter.gfx1201_sage_prepare(q, k, v, 0.088, qw, kw, cos, sin, 1e-5), s)[:, :s]
+        *aiter.gfx1201_sage_prepare(q, k, v, 0.088, qw, kw, cos, sin, 1e-5), s
+    )[:, :s]
     raw = torch.ops.aiter.gfx1201_sage_attention_fwd(
-        *torch.ops.aiter.gfx1201_sage_prepare(q, k, v, 0.088, qw, kw, cos, sin, 1e-5), s)[:, :s]
+        *torch.ops.aiter.gfx1201_sage_prepare(q, k, v, 0.088, qw, kw, cos, sin, 1e-5), s
+    )[:, :s]
     for other in (keywords, op, op_kw, composed, raw):
         assert torch.equal(positional, other)
-    qn, kn = (ref.qk_norm_rope(x.cpu(), w.cpu(), 1e-5, cos.cpu(), sin.cpu()) for x, w in
-              ((q, qw), (k, kw)))
+    qn, kn = (
+        ref.qk_norm_rope(x.cpu(), w.cpu(), 1e-5, cos.cpu(), sin.cpu())
+        for x, w in ((q, qw), (k, kw))
+    )
     check_band(positional, qn, kn, v.cpu(), 0.088)
 
 
@@ -272,23 +309,39 @@ def test_python_signatures_are_upstreams():
         return [(p.name, p.default, p.kind) for p in inspect.signature(fn).parameters.values()]
 
     pos = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    upstream = [("query", inspect.Parameter.empty, pos), ("key", inspect.Parameter.empty, pos),
-                ("value", inspect.Parameter.empty, pos), ("softmax_scale", None, pos),
-                ("query_weight", None, pos), ("key_weight", None, pos), ("cosine", None, pos),
-                ("sine", None, pos), ("eps", 1e-6, pos)]
+    upstream = [
+        ("query", inspect.Parameter.empty, pos),
+        ("key", inspect.Parameter.empty, pos),
+        ("value", inspect.Parameter.empty, pos),
+        ("softmax_scale", None, pos),
+        ("query_weight", None, pos),
+        ("key_weight", None, pos),
+        ("cosine", None, pos),
+        ("sine", None, pos),
+        ("eps", 1e-6, pos),
+    ]
     for fn in (aiter_sage.gfx1201_sage_prepare, aiter_sage.gfx1201_sage_attention):
         got = params(fn)
         assert got[:9] == upstream, got
         assert all(kind == inspect.Parameter.KEYWORD_ONLY for _, _, kind in got[9:]), got
     fwd = params(aiter_sage.gfx1201_sage_attention_fwd)
-    assert [n for n, _, _ in fwd[:7]] == ["q_int8", "q_scale", "k_int8", "k_scale", "v_fp8",
-                                           "v_scale", "seq_len"]
+    assert [n for n, _, _ in fwd[:7]] == [
+        "q_int8",
+        "q_scale",
+        "k_int8",
+        "k_scale",
+        "v_fp8",
+        "v_scale",
+        "seq_len",
+    ]
     assert all(kind == inspect.Parameter.KEYWORD_ONLY for _, _, kind in fwd[7:]), fwd
     schema = str(torch.ops.aiter.gfx1201_sage_attention.default._schema)
-    assert schema.startswith("aiter::gfx1201_sage_attention(Tensor query, Tensor key, Tensor "
-                             "value, float? softmax_scale=None, Tensor? query_weight=None, "
-                             "Tensor? key_weight=None, Tensor? cosine=None, Tensor? sine=None, "
-                             "float eps=")
+    assert schema.startswith(
+        "aiter::gfx1201_sage_attention(Tensor query, Tensor key, Tensor "
+        "value, float? softmax_scale=None, Tensor? query_weight=None, "
+        "Tensor? key_weight=None, Tensor? cosine=None, Tensor? sine=None, "
+        "float eps="
+    )
 
 
 # ---- inference only ---------------------------------------------------------------------------
@@ -302,8 +355,9 @@ def test_inputs_requiring_grad_are_refused():
     with pytest.raises(ValueError, match="inference-only"):  # direct op calls too
         torch.ops.aiter.gfx1201_sage_attention(q, k.clone().requires_grad_(), v)
     with torch.no_grad():
-        assert torch.equal(aiter_sage.gfx1201_sage_attention(qg, k, v),
-                           aiter_sage.gfx1201_sage_attention(q, k, v))
+        assert torch.equal(
+            aiter_sage.gfx1201_sage_attention(qg, k, v), aiter_sage.gfx1201_sage_attention(q, k, v)
+        )
 
 
 # ---- torch integration ----------------------------------------------------------------------
@@ -316,11 +370,15 @@ def test_opcheck_all_ops(backend):
     torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v, SCALE), be)
     qs, ks, vs = (t.to(dev) for t in qkv(1, 40, 40, 2, seed=92))
     fused = to_device(backend, *norm_weights(), *rope_tables(40, 32))
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default,
-                          (qs, ks, vs, SCALE, *fused), be)
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_prepare.default, (qs, ks, vs, SCALE, *fused), be
+    )
     prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE, **be)
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention_fwd.default,
-                          (*prepared, q.shape[1]), dict(kv_len=k.shape[1], **be))
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_attention_fwd.default,
+        (*prepared, q.shape[1]),
+        dict(kv_len=k.shape[1], **be),
+    )
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -328,7 +386,9 @@ def test_torch_compile_fullgraph(backend):
     class Block(torch.nn.Module):
         def forward(self, x):
             q, k, v = x.unflatten(-1, (3, 2, 128)).unbind(2)
-            return aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend).flatten(-2) * 2
+            return (
+                aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend).flatten(-2) * 2
+            )
 
     x = randn_bshd(1, 64, 6, seed=93, device=device_for(backend)).flatten(-2)
     eager = Block()(x)
@@ -360,12 +420,16 @@ def test_namespace_conflict_names_the_owner(tmp_path):
         "try:\n"
         "    import aiter_sage\n"
         "except Exception as e:\n"
-        "    print('CONFLICT', type(e).__name__, e)\n")
-    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
-                       timeout=600)
+        "    print('CONFLICT', type(e).__name__, e)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "CONFLICT OpNamespaceConflict aiter_sage: torch.ops.aiter.gfx1201_sage_attention is " \
-        "already registered by <string>:2" in r.stdout, r.stdout  # where that Library was made
+    assert (
+        "CONFLICT OpNamespaceConflict aiter_sage: torch.ops.aiter.gfx1201_sage_attention is "
+        "already registered by <string>:2" in r.stdout
+    ), r.stdout  # where that Library was made
 
 
 # ---- meta and mixed devices: the fakes apply the real rules --------------------------------
@@ -377,9 +441,9 @@ def test_meta_inputs_follow_the_same_rules():
     with pytest.raises(ValueError, match="on cpu but query is on meta"):
         aiter_sage.gfx1201_sage_attention(meta, k, v)
     with pytest.raises(ValueError, match="query_weight is on meta"):
-        aiter_sage.gfx1201_sage_prepare(q, k, v, None, torch.empty(128, dtype=torch.bfloat16,
-                                                                   device="meta"),
-                                        norm_weights()[1])
+        aiter_sage.gfx1201_sage_prepare(
+            q, k, v, None, torch.empty(128, dtype=torch.bfloat16, device="meta"), norm_weights()[1]
+        )
     out = aiter_sage.gfx1201_sage_attention(meta, meta, meta)
     assert out.device.type == "meta" and out.shape == q.shape
     with pytest.raises(TypeError, match="query must be torch.bfloat16"):
@@ -413,54 +477,127 @@ def _bad_cases():
         ("dtype", lambda: att(q.float(), k, v), TypeError, "query must be torch.bfloat16"),
         ("dtype_v", lambda: att(q, k, v.half()), TypeError, "value must be torch.bfloat16"),
         ("rank", lambda: att(q[0], k, v), ValueError, "query must be 4-D"),
-        ("head_dim", lambda: att(q[..., :64], k[..., :64], v[..., :64]), ValueError,
-         "head dim 128"),
-        ("layout", lambda: att(q.transpose(2, 3).contiguous().transpose(2, 3), k, v), ValueError,
-         "last dimension must be contiguous"),
-        ("kv_mismatch", lambda: att(q, k, v[:, :32]), ValueError,
-         "key and value must have the same shape"),
-        ("batch_mismatch", lambda: att(q, torch.cat([k, k]), torch.cat([v, v])), ValueError,
-         "same batch"),
-        ("heads_mismatch", lambda: att(q, k[:, :, :1], v[:, :, :1]), ValueError,
-         "same number of heads"),
+        (
+            "head_dim",
+            lambda: att(q[..., :64], k[..., :64], v[..., :64]),
+            ValueError,
+            "head dim 128",
+        ),
+        (
+            "layout",
+            lambda: att(q.transpose(2, 3).contiguous().transpose(2, 3), k, v),
+            ValueError,
+            "last dimension must be contiguous",
+        ),
+        (
+            "kv_mismatch",
+            lambda: att(q, k, v[:, :32]),
+            ValueError,
+            "key and value must have the same shape",
+        ),
+        (
+            "batch_mismatch",
+            lambda: att(q, torch.cat([k, k]), torch.cat([v, v])),
+            ValueError,
+            "same batch",
+        ),
+        (
+            "heads_mismatch",
+            lambda: att(q, k[:, :, :1], v[:, :, :1]),
+            ValueError,
+            "same number of heads",
+        ),
         ("empty", lambda: att(q[:, :0], k, v), ValueError, "query is empty"),
         ("empty_kv", lambda: att(q, k[:, :0], v[:, :0]), ValueError, "key is empty"),
-        ("too_long", lambda: att(q[:, :1].expand(1, 2 ** 26, 2, 128), k, v), ValueError,
-         "longest supported sequence"),
+        (
+            "too_long",
+            lambda: att(q[:, :1].expand(1, 2**26, 2, 128), k, v),
+            ValueError,
+            "longest supported sequence",
+        ),
         ("causal", lambda: att(q, k, v, is_causal=True), NotImplementedError, "causal"),
         ("scale_nan", lambda: att(q, k, v, float("nan")), ValueError, "softmax_scale must be"),
         ("scale_f32_overflow", lambda: att(q, k, v, 1e39), ValueError, "finite float32"),
         ("eps", lambda: att(q, k, v, None, qw, kw, None, None, -1.0), ValueError, "eps"),
         ("one_norm", lambda: att(q, k, v, None, qw), ValueError, "query_weight and key_weight"),
-        ("norm_shape", lambda: att(q, k, v, None, qw[:64], kw[:64]), ValueError,
-         "must have shape [128]"),
+        (
+            "norm_shape",
+            lambda: att(q, k, v, None, qw[:64], kw[:64]),
+            ValueError,
+            "must have shape [128]",
+        ),
         ("one_rope", lambda: att(q, k, v, None, None, None, cos), ValueError, "cosine and sine"),
-        ("rope_dim", lambda: att(q, k, v, None, None, None, cos[:, :48], sin[:, :48]), ValueError,
-         "rope_dim"),
-        ("rope_len", lambda: att(q, k, v, None, None, None, cos[:10], sin[:10]), ValueError,
-         "[seq, rope_dim]"),
-        ("rope_shapes", lambda: att(q, k, v, None, None, None, cos, sin[:, :32]), ValueError,
-         "cosine and sine must have the same shape"),
-        ("rope_dtype", lambda: att(q, k, v, None, None, None, cos.half(), sin.half()), TypeError,
-         "cosine must be torch.float32"),
-        ("rope_cross", lambda: att(q, k[:, :32], v[:, :32], None, None, None, cos, sin),
-         ValueError, "same length"),
+        (
+            "rope_dim",
+            lambda: att(q, k, v, None, None, None, cos[:, :48], sin[:, :48]),
+            ValueError,
+            "rope_dim",
+        ),
+        (
+            "rope_len",
+            lambda: att(q, k, v, None, None, None, cos[:10], sin[:10]),
+            ValueError,
+            "[seq, rope_dim]",
+        ),
+        (
+            "rope_shapes",
+            lambda: att(q, k, v, None, None, None, cos, sin[:, :32]),
+            ValueError,
+            "cosine and sine must have the same shape",
+        ),
+        (
+            "rope_dtype",
+            lambda: att(q, k, v, None, None, None, cos.half(), sin.half()),
+            TypeError,
+            "cosine must be torch.float32",
+        ),
+        (
+            "rope_cross",
+            lambda: att(q, k[:, :32], v[:, :32], None, None, None, cos, sin),
+            ValueError,
+            "same length",
+        ),
         ("backend", lambda: att(q, k, v, backend="tpu"), ValueError, "unknown backend"),
-        ("fwd_tuple", lambda: fwd(aiter_sage.gfx1201_sage_prepare(q, k, v), 64), TypeError,
-         "missing 5 required positional arguments"),
+        (
+            "fwd_tuple",
+            lambda: fwd(aiter_sage.gfx1201_sage_prepare(q, k, v), 64),
+            TypeError,
+            "missing 5 required positional arguments",
+        ),
         ("fwd_seq_len", lambda: fwd(*prep(), 65), ValueError, "seq_len 65 does not fit"),
         ("fwd_kv_len", lambda: fwd(*prep(), 64, kv_len=0), ValueError, "kv_len 0"),
-        ("fwd_dtype", lambda: fwd(*with_item(0, lambda t: t.float()), 64), TypeError,
-         "prepared q_int8"),
-        ("fwd_scale_shape", lambda: fwd(*with_item(1, lambda t: t[..., :1]), 64), ValueError,
-         "prepared q_scale must have shape"),
-        ("fwd_v_dtype", lambda: fwd(*with_item(4, lambda t: t.float()), 64), TypeError,
-         "torch.float8_e4m3fn"),
-        ("fwd_pad", lambda: fwd(*with_item(0, lambda t: t[:, :40]), 40), ValueError,
-         "multiples of 32"),
-        ("fwd_layout", lambda: fwd(*with_item(0, lambda t: t.transpose(1, 2).contiguous()
-                                                             .transpose(1, 2)), 64),
-         ValueError, "must be contiguous"),
+        (
+            "fwd_dtype",
+            lambda: fwd(*with_item(0, lambda t: t.float()), 64),
+            TypeError,
+            "prepared q_int8",
+        ),
+        (
+            "fwd_scale_shape",
+            lambda: fwd(*with_item(1, lambda t: t[..., :1]), 64),
+            ValueError,
+            "prepared q_scale must have shape",
+        ),
+        (
+            "fwd_v_dtype",
+            lambda: fwd(*with_item(4, lambda t: t.float()), 64),
+            TypeError,
+            "torch.float8_e4m3fn",
+        ),
+        (
+            "fwd_pad",
+            lambda: fwd(*with_item(0, lambda t: t[:, :40]), 40),
+            ValueError,
+            "multiples of 32",
+        ),
+        (
+            "fwd_layout",
+            lambda: fwd(
+                *with_item(0, lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)), 64
+            ),
+            ValueError,
+            "must be contiguous",
+        ),
     ]
 
 
@@ -494,10 +631,10 @@ def test_band_rejects_wrong_outputs():
 def test_fp32_truth_uses_softmax_scale():
     q, k, v = qkv(1, 50, 70, 2, seed=98)
     for scale in (0.05, 0.3):
-        want = F.scaled_dot_product_attention(*(t.float().transpose(1, 2) for t in (q, k, v)),
-                                              scale=scale).transpose(1, 2)
-        torch.testing.assert_close(ref.attention_fp32(q, k, v, scale), want, rtol=1e-5,
-                                   atol=1e-6)
+        want = F.scaled_dot_product_attention(
+            *(t.float().transpose(1, 2) for t in (q, k, v)), scale=scale
+        ).transpose(1, 2)
+        torch.testing.assert_close(ref.attention_fp32(q, k, v, scale), want, rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,20 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from common import (backend_params, norm_weights, qkv, randn_bshd, rope_tables, run_as_script,
-                    skip_no_hardware, to_device)
 
 import aiter_sage
 from aiter_sage import ref
+
+from common import (
+    backend_params,
+    norm_weights,
+    qkv,
+    randn_bshd,
+    rope_tables,
+    run_as_script,
+    skip_no_hardware,
+    to_device,
+)
 
 FIELDS = ref.Prepared._fields  # q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale
 
@@ -79,8 +88,9 @@ NORM_ROPE_CASES = [(33, 7, 96), (4097, 28, 96), (513, 14, 128), (1000, 5, 64), (
 def test_prepare_upstream_norm_rope_cases(backend, s, h, rope_dim):
     """Upstream's positional call: (q, k, v, None, qw, kw, cosine, sine, 1e-5)."""
     (q, k, v), fused, want = _reference(("norm_rope", 1, s, h, rope_dim))
-    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), None,
-                                          *to_device(backend, *fused), 1e-5, backend=backend)
+    got = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v), None, *to_device(backend, *fused), 1e-5, backend=backend
+    )
     assert_prepared_equal(got, want)
 
 
@@ -107,8 +117,9 @@ def test_prepare_norm_or_rope_alone(backend, part):
     qw, kw = norm_weights(3)
     cos, sin = rope_tables(s, 64)
     fused = (qw, kw, None, None) if part == "norm" else (None, None, cos, sin)
-    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), 0.09,
-                                          *to_device(backend, *fused), 1e-5, backend=backend)
+    got = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v), 0.09, *to_device(backend, *fused), 1e-5, backend=backend
+    )
     assert_prepared_equal(got, ref.prepare(q, k, v, 0.09, *fused, 1e-5))
 
 
@@ -120,13 +131,14 @@ def test_fused_equals_unfused(backend, rope_dim):
     q, k, v = qkv(1, s, s, 2, seed=100 + rope_dim)
     cos, sin = rope_tables(s, rope_dim)
     qw, kw = norm_weights()
-    fused = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), 0.125,
-                                            *to_device(backend, qw, kw, cos, sin),
-                                            backend=backend)
+    fused = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v), 0.125, *to_device(backend, qw, kw, cos, sin), backend=backend
+    )
     qn = ref.rope(ref.rmsnorm(q, qw, 1e-6), cos, sin, rope_dim)
     kn = ref.rope(ref.rmsnorm(k, kw, 1e-6), cos, sin, rope_dim)
-    unfused = aiter_sage.gfx1201_sage_prepare(*to_device(backend, qn, kn, v), 0.125,
-                                              backend=backend)
+    unfused = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, qn, kn, v), 0.125, backend=backend
+    )
     assert_prepared_equal(fused, unfused)
 
 
@@ -135,8 +147,14 @@ def test_bf16_tables_are_upcast_exactly(backend):
     s = 64
     q, k, v = qkv(1, s, s, 2, seed=5)
     cos, sin = (t.to(torch.bfloat16) for t in rope_tables(s, 128))
-    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), None, None, None,
-                                          *to_device(backend, cos, sin), backend=backend)
+    got = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v),
+        None,
+        None,
+        None,
+        *to_device(backend, cos, sin),
+        backend=backend,
+    )
     assert_prepared_equal(got, ref.prepare(q, k, v, None, None, None, cos.float(), sin.float()))
 
 
@@ -200,14 +218,33 @@ def test_torch_op_positional_and_keyword_forms(backend):
     qw, kw, cos, sin = to_device(backend, *norm_weights(), *rope_tables(s, 32))
     op = torch.ops.aiter.gfx1201_sage_prepare
     pos = op(q, k, v, 0.1, qw, kw, cos, sin, 1e-5, backend=backend)
-    kws = op(query=q, key=k, value=v, softmax_scale=0.1, query_weight=qw, key_weight=kw,
-             cosine=cos, sine=sin, eps=1e-5, backend=backend)
+    kws = op(
+        query=q,
+        key=k,
+        value=v,
+        softmax_scale=0.1,
+        query_weight=qw,
+        key_weight=kw,
+        cosine=cos,
+        sine=sin,
+        eps=1e-5,
+        backend=backend,
+    )
     want = ref.prepare(q, k, v, 0.1, qw, kw, cos, sin, 1e-5)
     for got in (pos, kws):
         assert_prepared_equal(list(got[:4]) + [got[4].view(torch.float8_e4m3fn), got[5]], want)
-    py = aiter_sage.gfx1201_sage_prepare(query=q, key=k, value=v, softmax_scale=0.1,
-                                         query_weight=qw, key_weight=kw, cosine=cos, sine=sin,
-                                         eps=1e-5, backend=backend)
+    py = aiter_sage.gfx1201_sage_prepare(
+        query=q,
+        key=k,
+        value=v,
+        softmax_scale=0.1,
+        query_weight=qw,
+        key_weight=kw,
+        cosine=cos,
+        sine=sin,
+        eps=1e-5,
+        backend=backend,
+    )
     assert_prepared_equal(py, want)
 
 
@@ -223,7 +260,7 @@ def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin
         x = F.rms_norm(x, (128,), w, eps)
         d = cos.shape[-1]
         head = x[..., :d].float()
-        rot = torch.cat([-head[..., d // 2:], head[..., :d // 2]], dim=-1)
+        rot = torch.cat([-head[..., d // 2 :], head[..., : d // 2]], dim=-1)
         head = head * cos[None, :, None] + rot * sin[None, :, None]
         return torch.cat([head.to(x.dtype), x[..., d:]], dim=-1)
 
@@ -254,8 +291,9 @@ def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin
 def _rms_norm_matches_torch() -> bool:
     x = randn_bshd(1, 4096, 4, seed=17, scale=3.0)
     w, _ = norm_weights(17)
-    return torch.equal(ref.rmsnorm(x, w, 1e-5).view(torch.int16),
-                       F.rms_norm(x, (128,), w, 1e-5).view(torch.int16))
+    return torch.equal(
+        ref.rmsnorm(x, w, 1e-5).view(torch.int16), F.rms_norm(x, (128,), w, 1e-5).view(torch.int16)
+    )
 
 
 def test_ref_rmsnorm_equals_torch_rms_norm():
@@ -276,19 +314,21 @@ def test_ref_rmsnorm_equals_torch_rms_norm():
 def test_ref_prepare_equals_upstream_formulas(case):
     b, s, h = case
     q, k, v = upstream_quant_inputs(b, s, h, seed=s)
-    want = _upstream_formula_prepare(q, k, v, 128 ** -0.5)
+    want = _upstream_formula_prepare(q, k, v, 128**-0.5)
     assert_prepared_equal(ref.prepare(q, k, v), want)
 
 
 @pytest.mark.parametrize("s,h,rope_dim", [(33, 7, 96), (300, 3, 32), (513, 2, 128)], ids=str)
 def test_ref_norm_rope_equals_upstream_formulas(s, h, rope_dim):
     if not _rms_norm_matches_torch():
-        skip_no_hardware("a CPU at which torch's rms_norm sums in the pinned (AVX2) order; "
-                         "test_ref_rmsnorm_equals_torch_rms_norm bounds the difference")
+        skip_no_hardware(
+            "a CPU at which torch's rms_norm sums in the pinned (AVX2) order; "
+            "test_ref_rmsnorm_equals_torch_rms_norm bounds the difference"
+        )
     q, k, v = (randn_bshd(1, s, h, seed=s + i, scale=3.0) for i in range(3))
     qw, kw = norm_weights(s)
     cos, sin = rope_tables(s, rope_dim)
-    want = _upstream_formula_prepare(q, k, v, 128 ** -0.5, qw, kw, cos, sin, 1e-5)
+    want = _upstream_formula_prepare(q, k, v, 128**-0.5, qw, kw, cos, sin, 1e-5)
     assert_prepared_equal(ref.prepare(q, k, v, None, qw, kw, cos, sin, 1e-5), want)
 
 
@@ -310,20 +350,44 @@ def test_ref_fp8_encoder_matches_torch():
     vals = ref.e4m3_decode(codes)
     srt = vals[~vals.isnan()].sort().values
     ties = (srt[:-1] + srt[1:]) / 2
-    x = torch.cat([x, srt, ties, ties.nextafter(torch.tensor(float("inf"))),
-                   torch.tensor([448.0, 460.0, 464.0, 479.0, 1e9, -1e9, float("inf"),
-                                 -float("inf"), 2.0 ** -10, 0.0, -0.0])])
+    x = torch.cat(
+        [
+            x,
+            srt,
+            ties,
+            ties.nextafter(torch.tensor(float("inf"))),
+            torch.tensor(
+                [
+                    448.0,
+                    460.0,
+                    464.0,
+                    479.0,
+                    1e9,
+                    -1e9,
+                    float("inf"),
+                    -float("inf"),
+                    2.0**-10,
+                    0.0,
+                    -0.0,
+                ]
+            ),
+        ]
+    )
     want = x.to(torch.float8_e4m3fn).view(torch.uint8)
     assert torch.equal(ref.e4m3_encode_sat(x), want)
-    assert torch.equal(ref.e4m3_decode(codes).nan_to_num(7.0),
-                       codes.view(torch.float8_e4m3fn).float().nan_to_num(7.0))
+    assert torch.equal(
+        ref.e4m3_decode(codes).nan_to_num(7.0),
+        codes.view(torch.float8_e4m3fn).float().nan_to_num(7.0),
+    )
 
 
 def test_ref_rope_is_fp32_with_one_rounding():
     x = randn_bshd(1, 50, 2, seed=4)
     cos, sin = rope_tables(50, 128)
     xf = x.float()
-    eager = xf * cos[None, :, None] + torch.cat([-xf[..., 64:], xf[..., :64]], -1) * sin[None, :, None]
+    eager = (
+        xf * cos[None, :, None] + torch.cat([-xf[..., 64:], xf[..., :64]], -1) * sin[None, :, None]
+    )
     assert torch.equal(ref.rope(x, cos, sin, 128), eager.to(torch.bfloat16))
 
 

@@ -9,7 +9,6 @@ skip, saying so, where there is none. Runnable as a script or under pytest."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -28,8 +27,11 @@ from aiter_sage import hiprtc, isa, jit_driver  # noqa: E402
 
 ARCH = "gfx1030"  # an arch Debian 12's comgr (ROCm 5.2) knows
 PREPARE = "module_gfx1201_sage_prepare"
-PREPARE_KERNELS = {"sage_prepare_v_scale_kernel", "sage_prepare_qk_kernel",
-                   "sage_prepare_v_quant_kernel"}
+PREPARE_KERNELS = {
+    "sage_prepare_v_scale_kernel",
+    "sage_prepare_qk_kernel",
+    "sage_prepare_v_quant_kernel",
+}
 STANDIN = REPO / "op_tests" / "cpp" / "comgr_hiprtc.cpp"
 
 
@@ -49,8 +51,21 @@ def standin_lib(tmp_path_factory) -> str:
     if not cxx:
         _missing_prerequisite("a C++ compiler")
     out = tmp_path_factory.mktemp("hiprtc") / "libhiprtc.so"
-    subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(STANDIN), "-o", str(out),
-                    "-lamd_comgr", "-ldl"], check=True)
+    subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-shared",
+            "-fPIC",
+            str(STANDIN),
+            "-o",
+            str(out),
+            "-lamd_comgr",
+            "-ldl",
+        ],
+        check=True,
+    )
     return str(out)
 
 
@@ -112,11 +127,14 @@ def test_host_half_exports_the_module_abi_and_loads(hiprtc_env):
     for sym in ("sage_abi_version", "sage_module_info", "sage_prepare_launch"):
         assert sym in syms
     assert "sage_hiprtc_code_object" not in syms  # hidden: each module keeps its own
-    probe = ("import ctypes,sys; m=ctypes.CDLL(sys.argv[1]);"
-             "m.sage_module_last_error.restype=ctypes.c_char_p;"
-             "print(m.sage_prepare_launch(None,None), m.sage_module_last_error().decode())")
-    out = subprocess.run([sys.executable, "-c", probe, str(so)], check=True,
-                         capture_output=True, text=True).stdout
+    probe = (
+        "import ctypes,sys; m=ctypes.CDLL(sys.argv[1]);"
+        "m.sage_module_last_error.restype=ctypes.c_char_p;"
+        "print(m.sage_prepare_launch(None,None), m.sage_module_last_error().decode())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(so)], check=True, capture_output=True, text=True
+    ).stdout
     assert out.strip() == "1 sage_prepare_launch: null SageParams", out
 
 
@@ -145,8 +163,7 @@ def test_key_changes_with_hiprtc_version_and_sources(hiprtc_env, tmp_path):
     # An edit of the kernel source: the same module from a copy of csrc with one byte more.
     copy = tmp_path / "csrc"
     shutil.copytree(jit_driver.csrc_dir(), copy)
-    (copy / "gfx12" / "prepare.hip").write_text((copy / "gfx12" / "prepare.hip").read_text()
-                                                + "\n")
+    (copy / "gfx12" / "prepare.hip").write_text((copy / "gfx12" / "prepare.hip").read_text() + "\n")
     edited = dataclasses.replace(spec, root=str(copy))
     assert _key(tc, edited) != _key(tc, dataclasses.replace(spec, root=str(jit_driver.csrc_dir())))
 
@@ -159,8 +176,7 @@ def test_forced_toolchain(hiprtc_env, monkeypatch):
     # Forced hiprtc with no libhiprtc anywhere: a clear CompilerNotFound, no fallback.
     monkeypatch.setenv("AITER_SAGE_HIP_TOOLCHAIN", "hiprtc")
     monkeypatch.setenv("AITER_SAGE_HIPRTC_LIB", str(hiprtc_env / "absent" / "libhiprtc.so"))
-    monkeypatch.setattr(hiprtc, "library_candidates",
-                        lambda: [os.environ["AITER_SAGE_HIPRTC_LIB"]])
+    monkeypatch.setattr(hiprtc, "library_candidates", lambda: [os.environ["AITER_SAGE_HIPRTC_LIB"]])
     hiprtc.load_library.cache_clear()
     with pytest.raises(jit_driver.CompilerNotFound, match="no libhiprtc found"):
         jit_driver.toolchain_for(ARCH)
@@ -180,10 +196,13 @@ def test_default_order_prefers_a_compiler_over_hiprtc(hiprtc_env, monkeypatch):
 def test_compile_error_carries_hiprtc_log(hiprtc_env, tmp_path):
     src = tmp_path / "broken" / "gfx12" / "prepare.hip"
     src.parent.mkdir(parents=True)
-    src.write_text('#include "sage/platform.h"\n'
-                   "SAGE_KERNEL(broken_kernel, 64)(int* p) { p[0] = undeclared_thing; }\n")
-    spec = dataclasses.replace(jit_driver.module_table().MODULES[PREPARE],
-                               root=str(src.parent.parent))
+    src.write_text(
+        '#include "sage/platform.h"\n'
+        "SAGE_KERNEL(broken_kernel, 64)(int* p) { p[0] = undeclared_thing; }\n"
+    )
+    spec = dataclasses.replace(
+        jit_driver.module_table().MODULES[PREPARE], root=str(src.parent.parent)
+    )
     with pytest.raises(jit_driver.BuildError) as e:
         jit_driver.build_into(spec, ARCH, tmp_path / "out")
     msg = str(e.value)
@@ -199,8 +218,11 @@ def test_library_search_order(monkeypatch, tmp_path):
     (tmp_path / "lib" / "libhiprtc.so.7").write_bytes(b"")
     monkeypatch.setattr(hiprtc, "_rocm_sdk_libraries", lambda: ["/sdk/libhiprtc.so.7"])
     c = hiprtc.library_candidates()
-    assert c[:3] == ["/explicit/libhiprtc.so", "/sdk/libhiprtc.so.7",
-                     str(tmp_path / "lib" / "libhiprtc.so.7")], c
+    assert c[:3] == [
+        "/explicit/libhiprtc.so",
+        "/sdk/libhiprtc.so.7",
+        str(tmp_path / "lib" / "libhiprtc.so.7"),
+    ], c
     assert c.index("libhiprtc.so") > 2
 
 
@@ -209,8 +231,12 @@ def test_library_search_order(monkeypatch, tmp_path):
 # ----------------------------------------------------------------------------------------------
 def _unknown_arch(log: str) -> bool:
     low = log.lower()
-    return ("does not know the isa" in low or "unknown target" in low or "invalid target" in low
-            or "unsupported" in low)
+    return (
+        "does not know the isa" in low
+        or "unknown target" in low
+        or "invalid target" in low
+        or "unsupported" in low
+    )
 
 
 def test_gfx1201_modules_and_isa(hiprtc_env):

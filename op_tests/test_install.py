@@ -5,13 +5,27 @@ import subprocess
 import sys
 
 import pytest
+
 from common import REPO, run_as_script
 
 
 def test_pip_install_non_editable_runs_from_installed_copy(tmp_path):
     target = tmp_path / "site"
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                          "--target", str(target), str(REPO)], capture_output=True, text=True)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if pip.returncode != 0 and "Could not find a version that satisfies" in pip.stderr:
         pytest.skip("no package index reachable for the build backend")
     assert pip.returncode == 0, pip.stderr[-3000:]
@@ -23,12 +37,15 @@ def test_pip_install_non_editable_runs_from_installed_copy(tmp_path):
         "from aiter_sage import jit_driver, ref\n"
         "assert str(jit_driver.csrc_dir()).startswith(%r), jit_driver.csrc_dir()\n"
         "q, k, v = (torch.randn(1, 70, 2, 128).bfloat16() for _ in range(3))\n"
-        "acc = ref.accuracy(aiter.gfx1201_sage_attention(q, k, v), ref.attention_fp32(q, k, v, 128**-0.5))\n"
+        "out = aiter.gfx1201_sage_attention(q, k, v)\n"
+        "acc = ref.accuracy(out, ref.attention_fp32(q, k, v, 128**-0.5))\n"
         "assert ref.in_band(acc), acc\n"
-        "print('ok')\n" % str(pkg))
+        "print('ok')\n" % str(pkg)
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
 
 

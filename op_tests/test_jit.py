@@ -11,9 +11,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from common import REPO, run_as_script
 
 from aiter_sage import jit_driver
+
+from common import REPO, run_as_script
 
 MODULES = jit_driver.module_table()
 
@@ -50,8 +51,13 @@ def make_probe(root: Path, value: int):
     root.mkdir(parents=True, exist_ok=True)
     (root / "probe.cpp").write_text(PROBE)
     (root / "probe.h").write_text(f"#define PROBE_VALUE {value}\n")
-    return MODULES.ModuleSpec(name="probe_module", archs=(), sources={"cpu": ("probe.cpp",)},
-                              entry="sage_probe_launch", root=str(root))
+    return MODULES.ModuleSpec(
+        name="probe_module",
+        archs=(),
+        sources={"cpu": ("probe.cpp",)},
+        entry="sage_probe_launch",
+        root=str(root),
+    )
 
 
 def call_probe(so: Path) -> int:
@@ -119,8 +125,16 @@ def test_concurrent_processes_build_once(tmp_path, cache):
         print(jit_driver.ensure_module(spec, "cpu"))
     """)
     env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache))
-    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     paths = {o.strip() for o, _ in outs}
@@ -178,8 +192,11 @@ def test_prebuild_arch_filter():
     assert {a for _, a in pairs(["gfx1100", "gfx1200"])} == {"gfx1200"}
     assert len(pairs(["gfx1200", "gfx1201"])) == 2 * len(kernels)
     assert pairs(["gfx942", "gfx90a", "gfx1100"]) == []
-    assert MODULES.parse_archs("gfx1201:xnack-;gfx942, gfx1200  # comment\n# x\n") == \
-        ["gfx1201", "gfx942", "gfx1200"]
+    assert MODULES.parse_archs("gfx1201:xnack-;gfx942, gfx1200  # comment\n# x\n") == [
+        "gfx1201",
+        "gfx942",
+        "gfx1200",
+    ]
 
 
 def test_gpu_archs_env_overrides_cfg(monkeypatch):
@@ -192,10 +209,20 @@ def test_gpu_archs_env_overrides_cfg(monkeypatch):
 
 def _setup_build_py(tmp_path, archs: str) -> Path:
     out = tmp_path / f"lib-{archs.replace(';', '_')}"
-    env = dict(os.environ, PREBUILD_KERNELS="1", GPU_ARCHS=archs,
-               AITER_SAGE_CACHE_DIR=str(tmp_path / "cache"))
-    r = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)],
-                       cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    env = dict(
+        os.environ,
+        PREBUILD_KERNELS="1",
+        GPU_ARCHS=archs,
+        AITER_SAGE_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    r = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out / "aiter_sage"
 

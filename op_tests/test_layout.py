@@ -5,21 +5,30 @@ import itertools
 
 import pytest
 import torch
-from common import REPO, run_as_script
 
 from aiter_sage import jit_driver, ref
+
+from common import REPO, run_as_script
 
 
 @pytest.fixture(scope="module")
 def probe():
     spec = jit_driver.module_table().ModuleSpec(
-        name="layout_probe", archs=(), sources={"cpu": ("layout_probe.cpp",)},
-        entry="sage_qk8_offset", root=str(REPO / "op_tests" / "cpp"))
+        name="layout_probe",
+        archs=(),
+        sources={"cpu": ("layout_probe.cpp",)},
+        entry="sage_qk8_offset",
+        root=str(REPO / "op_tests" / "cpp"),
+    )
     lib = ctypes.CDLL(str(jit_driver.ensure_module(spec, "cpu")))
     i64 = ctypes.c_int64
-    for name, args in (("sage_qk8_offset", [i64] * 6), ("sage_qk_scale_offset", [i64] * 3),
-                       ("sage_v8_offset", [i64] * 4), ("sage_v_scale_offset", [i64] * 2),
-                       ("sage_padded_len", [i64])):
+    for name, args in (
+        ("sage_qk8_offset", [i64] * 6),
+        ("sage_qk_scale_offset", [i64] * 3),
+        ("sage_v8_offset", [i64] * 4),
+        ("sage_v_scale_offset", [i64] * 2),
+        ("sage_padded_len", [i64]),
+    ):
         getattr(lib, name).restype = i64
         getattr(lib, name).argtypes = args
     lib.sage_e4m3.restype = ctypes.c_uint8
@@ -51,14 +60,22 @@ def test_offsets_match_prepared_tensor_strides(probe, b, h, s):
     for bi, hi in itertools.product(range(b), range(h)):
         head = bi * h + hi
         for si, d in ((0, 0), (s - 1, 127), (s_pad - 1, 5), (min(33, s_pad - 1), 64)):
-            assert probe.sage_qk8_offset(h, s_pad, bi, si, hi, d) == \
-                p.q_int8[bi, si, hi, d].data_ptr() - p.q_int8.data_ptr()
-            assert probe.sage_qk_scale_offset(head, s_pad, si) * 4 == \
-                p.q_scale[bi, hi, si // 32].data_ptr() - p.q_scale.data_ptr()
-            assert probe.sage_v8_offset(head, s_pad, d, si) == \
-                p.v_fp8[bi, hi, d, si].data_ptr() - p.v_fp8.data_ptr()
-            assert probe.sage_v_scale_offset(head, d) * 4 == \
-                p.v_scale[bi, hi, d].data_ptr() - p.v_scale.data_ptr()
+            assert (
+                probe.sage_qk8_offset(h, s_pad, bi, si, hi, d)
+                == p.q_int8[bi, si, hi, d].data_ptr() - p.q_int8.data_ptr()
+            )
+            assert (
+                probe.sage_qk_scale_offset(head, s_pad, si) * 4
+                == p.q_scale[bi, hi, si // 32].data_ptr() - p.q_scale.data_ptr()
+            )
+            assert (
+                probe.sage_v8_offset(head, s_pad, d, si)
+                == p.v_fp8[bi, hi, d, si].data_ptr() - p.v_fp8.data_ptr()
+            )
+            assert (
+                probe.sage_v_scale_offset(head, d) * 4
+                == p.v_scale[bi, hi, d].data_ptr() - p.v_scale.data_ptr()
+            )
 
 
 def test_scalar_fp8_encoder_matches_reference(probe):
@@ -67,8 +84,14 @@ def test_scalar_fp8_encoder_matches_reference(probe):
     vals = ref.e4m3_decode(codes)
     finite = vals[~vals.isnan()].sort().values
     ties = (finite[:-1] + finite[1:]) / 2
-    xs = torch.cat([torch.randn(3000, generator=g) * 50, finite, ties,
-                    torch.tensor([449.0, 1e20, -1e20, float("nan"), 1e-12, float("inf")])])
+    xs = torch.cat(
+        [
+            torch.randn(3000, generator=g) * 50,
+            finite,
+            ties,
+            torch.tensor([449.0, 1e20, -1e20, float("nan"), 1e-12, float("inf")]),
+        ]
+    )
     want = ref.e4m3_encode_sat(xs)
     got = torch.tensor([probe.sage_e4m3(float(x)) for x in xs], dtype=torch.uint8)
     assert torch.equal(got, want)
@@ -83,7 +106,9 @@ def test_scalar_quantizers_match_reference(probe):
         sc = torch.tensor(scale)
         t = xs / sc
         t = t + torch.where(t >= 0, 0.5, -0.5)
-        want = torch.where(sc > 0, ref.to_int8_like_torch(t.trunc()), torch.zeros((), dtype=torch.int8))
+        want = torch.where(
+            sc > 0, ref.to_int8_like_torch(t.trunc()), torch.zeros((), dtype=torch.int8)
+        )
         got = [probe.sage_quant_i8(float(x), scale) for x in xs]
         assert got == want.tolist(), (scale, got, want.tolist())
         vwant = ref.e4m3_encode_sat(torch.where(sc > 0, xs / sc, torch.zeros(())))
@@ -95,8 +120,9 @@ def test_scalar_rms_sum_squares_matches_reference(probe):
     for _ in range(200):
         x = (torch.randn(128, generator=g) * 3).to(torch.bfloat16).float().contiguous()
         got = probe.sage_rms_sum_squares(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float)))
-        assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == \
-            ref.rms_sum_squares(x).view(torch.int32)
+        assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == ref.rms_sum_squares(
+            x
+        ).view(torch.int32)
 
 
 def test_scalar_bf16_rounding(probe):

@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 import pytest
-from common import REPO, run_as_script
 
 from aiter_sage import jit_driver
+
+from common import REPO, run_as_script
 
 MODULES = jit_driver.module_table()
 DRIVER_FILE = REPO / "aiter_sage" / "jit_driver.py"
@@ -43,8 +44,13 @@ def make_probe(root: Path, value: int, name: str = "reliability_probe"):
     root.mkdir(parents=True, exist_ok=True)
     (root / "probe.cpp").write_text(PROBE)
     (root / "probe.h").write_text(f"#define PROBE_VALUE {value}\n")
-    return MODULES.ModuleSpec(name=name, archs=(), sources={"cpu": ("probe.cpp",)},
-                              entry="sage_probe_launch", root=str(root))
+    return MODULES.ModuleSpec(
+        name=name,
+        archs=(),
+        sources={"cpu": ("probe.cpp",)},
+        entry="sage_probe_launch",
+        root=str(root),
+    )
 
 
 def call_probe(so: Path) -> int:
@@ -127,8 +133,9 @@ class Wrapper:
                 out.append((int(pid), float(t), extra[0] if extra else ""))
         return out
 
-    def wait_for(self, kind: str, event: str, proc: subprocess.Popen,
-                 timeout: float = 60.0) -> None:
+    def wait_for(
+        self, kind: str, event: str, proc: subprocess.Popen, timeout: float = 60.0
+    ) -> None:
         """Until `proc` (a builder) got as far as `kind event`."""
         deadline = time.monotonic() + timeout
         while not self.events(kind, event):
@@ -172,8 +179,14 @@ CHILD = textwrap.dedent("""
 def start_child(src: Path, cache_dir: Path, extra_env: dict, **popen) -> subprocess.Popen:
     env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache_dir), **extra_env)
     script = CHILD.format(driver=str(DRIVER_FILE), root=str(src))
-    return subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[dict, str]:
@@ -195,8 +208,15 @@ def manifest_sha(so: Path) -> str:
 # ------------------------------------------------------------------------------ 1. paths
 # Each name holds a character that ninja (space, ':', '$'), the shell (quote, tab, '&', '(')
 # or both treat specially; the source tree and the cache both live under it.
-AWKWARD = {"space": "a b", "colon": "a:b", "quote": "a'b", "tab": "a\tb",
-           "shell": "a&(b);c", "dollar": "a$b", "unicode": "é ü"}
+AWKWARD = {
+    "space": "a b",
+    "colon": "a:b",
+    "quote": "a'b",
+    "tab": "a\tb",
+    "shell": "a&(b);c",
+    "dollar": "a$b",
+    "unicode": "é ü",
+}
 
 
 @pytest.mark.parametrize("name", list(AWKWARD.values()), ids=list(AWKWARD))
@@ -238,19 +258,32 @@ def test_package_in_a_path_with_a_space(tmp_path):
     for d in ("aiter_sage", "csrc", "jit"):
         shutil.copytree(REPO / d, root / d, ignore=ignore)
     shutil.copy(REPO / "GPU_ARCHS.cfg", root)
-    env = dict(os.environ, PYTHONPATH=str(root), AITER_SAGE_CACHE_DIR=str(root / "cache"),
-               AITER_SAGE_IGNORE_PREBUILT="1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(root),
+        AITER_SAGE_CACHE_DIR=str(root / "cache"),
+        AITER_SAGE_IGNORE_PREBUILT="1",
+    )
     env.pop("AITER_SAGE_BACKEND", None)
-    r = subprocess.run([sys.executable, "-c", PACKAGE_CALL], env=env, cwd=tmp_path,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-c", PACKAGE_CALL],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
     assert res["pkg"] == str(root / "aiter_sage") and res["csrc"] == str(root / "csrc")
     assert res["shape"] == [1, 64, 1, 128] and res["cos"] > 0.99, res
     assert any("target=cpu" in m for m in res["modules"]), res
     built = sorted(p.name.split("-")[0] for p in (root / "cache").rglob("*.so"))
-    assert built == ["aiter_sage_torch", "module_gfx1201_sage_attention",
-                     "module_gfx1201_sage_prepare"], built
+    assert built == [
+        "aiter_sage_torch",
+        "module_gfx1201_sage_attention",
+        "module_gfx1201_sage_prepare",
+    ], built
 
 
 # ------------------------------------------------------------------------------ 2. errors
@@ -258,8 +291,9 @@ def test_cache_dir_that_is_a_file(tmp_path, monkeypatch):
     f = tmp_path / "cachefile"
     f.write_text("not a directory")
     monkeypatch.setenv("AITER_SAGE_CACHE_DIR", str(f))
-    with pytest.raises(jit_driver.CacheDirError, match="cachefile is a file, not a directory.*"
-                                                       "AITER_SAGE_CACHE_DIR"):
+    with pytest.raises(
+        jit_driver.CacheDirError, match="cachefile is a file, not a directory.*AITER_SAGE_CACHE_DIR"
+    ):
         jit_driver.ensure_module(make_probe(tmp_path / "src", 1), "cpu")
 
 
@@ -274,8 +308,10 @@ def mount_tmpfs(tmp_path):
         d.mkdir()
         if os.geteuid() != 0 or not shutil.which("mount"):
             return None
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},size=32m", "tmpfs", str(d)],
-                           capture_output=True)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"{options},size=32m", "tmpfs", str(d)],
+            capture_output=True,
+        )
         if r.returncode != 0:
             return None
         mounted.append(d)
@@ -323,9 +359,11 @@ def test_read_only_empty_cache_dir(tmp_path, monkeypatch, mount_tmpfs):
         d.mkdir()
         _simulate_readonly(monkeypatch, d)
     monkeypatch.setenv("AITER_SAGE_CACHE_DIR", str(d))
-    with pytest.raises(jit_driver.CacheDirError,
-                       match=r"cannot create .*cpu \((Read-only file system|Permission denied)\)"
-                             r".*set AITER_SAGE_CACHE_DIR to a writable directory"):
+    with pytest.raises(
+        jit_driver.CacheDirError,
+        match=r"cannot create .*cpu \((Read-only file system|Permission denied)\)"
+        r".*set AITER_SAGE_CACHE_DIR to a writable directory",
+    ):
         jit_driver.ensure_module(make_probe(tmp_path / "src", 1), "cpu")
 
 
@@ -374,8 +412,14 @@ def test_noexec_dlopen_failure_is_explained(tmp_path, cache, monkeypatch, mount_
 
 def test_unknown_log_level_warns_instead_of_failing_import():
     env = dict(os.environ, AITER_SAGE_LOG_LEVEL="LOUD", AITER_SAGE_LAZY_REGISTER="1")
-    r = subprocess.run([sys.executable, "-c", "import aiter_sage; print('imported')"], env=env,
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", "import aiter_sage; print('imported')"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0 and "imported" in r.stdout, r.stderr[-2000:]
     assert "AITER_SAGE_LOG_LEVEL='LOUD'" in r.stderr
     assert "DEBUG, INFO, WARNING, ERROR, CRITICAL" in r.stderr
@@ -389,8 +433,11 @@ def test_hung_lock_holder_is_named_and_timeout_raises(tmp_path, wrapper):
     holder = start_child(src, cache_dir, wrapper.env(compile_sleep=300), start_new_session=True)
     try:
         wrapper.wait_for("compile", "start", holder)  # the holder is compiling: it has the lock
-        waiter = start_child(src, cache_dir, dict(wrapper.env(), AITER_SAGE_LOCK_TIMEOUT="2",
-                                                  TEST_REPORT_EVERY="0.5"))
+        waiter = start_child(
+            src,
+            cache_dir,
+            dict(wrapper.env(), AITER_SAGE_LOCK_TIMEOUT="2", TEST_REPORT_EVERY="0.5"),
+        )
         res, err = finish(waiter, timeout=60)
     finally:
         os.killpg(holder.pid, signal.SIGKILL)  # its own session: the python, ninja, wrapper
@@ -417,8 +464,9 @@ def test_overlapping_builds_compile_once(tmp_path, wrapper):
         procs.append(start_child(src, cache_dir, dict(wrapper.env(compile_sleep=2), **barrier)))
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"ready{i}").exists() for i in range(3)):
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
-            [p.communicate() for p in procs if p.poll() is not None]
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [
+            p.communicate() for p in procs if p.poll() is not None
+        ]
         time.sleep(0.01)
     (tmp_path / "go").touch()
     results = [finish(p)[0] for p in procs]
@@ -426,7 +474,7 @@ def test_overlapping_builds_compile_once(tmp_path, wrapper):
     compiles, links = wrapper.events("compile", "start"), wrapper.events("link", "start")
     assert len(compiles) == 1 and len(links) == 1, wrapper.log.read_text()
     # The overlap was real: every process asked before the one compile had finished.
-    (_, compile_end, _), = wrapper.events("compile", "end")
+    ((_, compile_end, _),) = wrapper.events("compile", "end")
     assert max(r["t0"] for r in results) < compile_end, (results, compile_end)
     paths = {r["so"] for r in results}
     assert len(paths) == 1, paths
@@ -471,8 +519,9 @@ def test_module_appears_only_complete_by_rename(tmp_path, cache, wrapper, monkey
                 seen.append(("so", hashlib.sha256(so.read_bytes()).hexdigest()))
             except FileNotFoundError:
                 pass
-        seen.extend(("manifest-before-so", m.name) for m in manifests
-                    if not m.with_suffix(".so").exists())
+        seen.extend(
+            ("manifest-before-so", m.name) for m in manifests if not m.with_suffix(".so").exists()
+        )
 
     def poll():
         while not stop.is_set():
@@ -487,12 +536,12 @@ def test_module_appears_only_complete_by_rename(tmp_path, cache, wrapper, monkey
         stop.set()
         poller.join()
     scan()
-    (_, link_start, _), = wrapper.events("link", "start")
-    (_, link_end, _), = wrapper.events("link", "end")
+    ((_, link_start, _),) = wrapper.events("link", "start")
+    ((_, link_end, _),) = wrapper.events("link", "end")
     assert sum(link_start < t < link_end for t in scans) > 20, "the poller did not run"
     final = sha256(so)
     assert {s for s in seen if s != ("so", final)} == set(), "partial or early files were visible"
-    (_, _, inode), = wrapper.events("link", "inode")
+    ((_, _, inode),) = wrapper.events("link", "inode")
     assert so.stat().st_ino == int(inode), "the .so was rewritten, not renamed into place"
     assert call_probe(so) == 3
 

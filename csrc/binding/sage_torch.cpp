@@ -118,8 +118,8 @@ void check_device(const at::Tensor& t, const char* name, const at::Device& devic
 void check_supported_device(const at::Device& device, bool shapes_only) {
   if (shapes_only && device.is_meta()) return;
 #ifdef SAGE_TORCH_GPU
-  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "aiter_sage: unsupported device ",
-                    device, " (supported: cpu, and ROCm/CUDA GPUs)");
+  TORCH_CHECK_VALUE(device.is_cpu() || device.is_cuda(), "aiter_sage: unsupported device ", device,
+                    " (supported: cpu, and ROCm/CUDA GPUs)");
 #else
   TORCH_CHECK_VALUE(device.is_cpu(), "aiter_sage: unsupported device ", device,
                     ": this torch build has no GPU support (supported: cpu)");
@@ -143,8 +143,8 @@ void check_bshd(const at::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.stride(3) == 1, "aiter_sage: ", name,
                     "'s last dimension must be contiguous (stride 1), got strides ", t.strides());
   check_seq_len(t.size(1), name);
-  TORCH_CHECK_VALUE(t.size(0) <= 65535 && t.size(2) <= 65535, "aiter_sage: ", name,
-                    " has batch ", t.size(0), " and heads ", t.size(2), "; each must be <= 65535");
+  TORCH_CHECK_VALUE(t.size(0) <= 65535 && t.size(2) <= 65535, "aiter_sage: ", name, " has batch ",
+                    t.size(0), " and heads ", t.size(2), "; each must be <= 65535");
 }
 
 // GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose rows are not
@@ -163,10 +163,14 @@ bool needs_alignment(const at::Device& device, const std::string& backend) {
 }
 
 void check_same_shape_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  TORCH_CHECK_VALUE(k.sizes() == v.sizes(), "aiter_sage: key and value must have the same shape, "
-                    "got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK_VALUE(q.size(0) == k.size(0), "aiter_sage: query and key must have the same batch, "
-                    "got ", q.size(0), " and ", k.size(0));
+  TORCH_CHECK_VALUE(k.sizes() == v.sizes(),
+                    "aiter_sage: key and value must have the same shape, "
+                    "got ",
+                    k.sizes(), " and ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0),
+                    "aiter_sage: query and key must have the same batch, "
+                    "got ",
+                    q.size(0), " and ", k.size(0));
   TORCH_CHECK_VALUE(q.size(2) == k.size(2), "aiter_sage: query and key must have the same number ",
                     "of heads, got ", q.size(2), " and ", k.size(2),
                     " (grouped-query attention is not supported in this version)");
@@ -181,7 +185,8 @@ void check_vector_bf16(const at::Tensor& t, const char* name, const at::Device& 
 }
 
 // cosine/sine: FP32 [S, rope_dim] (upstream); BF16 tables are accepted and upcast exactly.
-void check_rope_table(const at::Tensor& t, const char* name, int64_t seq, const at::Device& device) {
+void check_rope_table(const at::Tensor& t, const char* name, int64_t seq,
+                      const at::Device& device) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16,
                    "aiter_sage: ", name, " must be torch.float32 (or torch.bfloat16), got ",
                    t.scalar_type());
@@ -209,9 +214,10 @@ double resolve_scale(std::optional<double> softmax_scale) {
 // The float32 values the kernels use must be finite (1e39 is a finite double but not a float).
 float checked_q_prescale(double softmax_scale) {
   const float c = sage::q_prescale_from(softmax_scale);
-  TORCH_CHECK_VALUE(std::isfinite(float(softmax_scale)) && std::isfinite(c),
-                    "aiter_sage: softmax_scale must be a finite float32 (and softmax_scale*log2(e) ",
-                    "too), got ", softmax_scale);
+  TORCH_CHECK_VALUE(
+      std::isfinite(float(softmax_scale)) && std::isfinite(c),
+      "aiter_sage: softmax_scale must be a finite float32 (and softmax_scale*log2(e) ",
+      "too), got ", softmax_scale);
   return c;
 }
 
@@ -247,11 +253,10 @@ PrepareShape check_prepare_args(const at::Tensor& q, const at::Tensor& k, const 
                       "length, got ", Sq, " and ", Skv);
     check_rope_table(*nr.cos, "cosine", Sq, device);
     check_rope_table(*nr.sin, "sine", Sq, device);
-    TORCH_CHECK_VALUE(nr.cos->sizes() == nr.sin->sizes() &&
-                          nr.cos->scalar_type() == nr.sin->scalar_type(),
-                      "aiter_sage: cosine and sine must have the same shape and dtype, got ",
-                      nr.cos->sizes(), " ", nr.cos->scalar_type(), " and ", nr.sin->sizes(), " ",
-                      nr.sin->scalar_type());
+    TORCH_CHECK_VALUE(
+        nr.cos->sizes() == nr.sin->sizes() && nr.cos->scalar_type() == nr.sin->scalar_type(),
+        "aiter_sage: cosine and sine must have the same shape and dtype, got ", nr.cos->sizes(),
+        " ", nr.cos->scalar_type(), " and ", nr.sin->sizes(), " ", nr.sin->scalar_type());
   }
   return {q.size(0), q.size(2), Sq, Skv, sage::padded_len(Sq), sage::padded_len(Skv)};
 }
@@ -259,8 +264,8 @@ PrepareShape check_prepare_args(const at::Tensor& q, const at::Tensor& k, const 
 // ---------------------------------------------------------------------------------------------
 // prepare
 // ---------------------------------------------------------------------------------------------
-using PreparedTuple = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
-                                 at::Tensor>;
+using PreparedTuple =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's checks, comparisons)
 // does not support float8 tensors; the Python API returns them viewed as float8_e4m3fn, and
@@ -315,7 +320,8 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor q_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Sq_pad)}, f32);
   at::Tensor k8 = at::empty({sh.B, sh.Skv_pad, sh.H, SAGE_HEAD_DIM}, i8);
   at::Tensor k_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Skv_pad)}, f32);
-  at::Tensor v8 = at::empty({sh.B, sh.H, SAGE_HEAD_DIM, sh.Skv_pad}, q.options().dtype(kFp8Storage));
+  at::Tensor v8 =
+      at::empty({sh.B, sh.H, SAGE_HEAD_DIM, sh.Skv_pad}, q.options().dtype(kFp8Storage));
   at::Tensor v_scale = at::empty({sh.B, sh.H, SAGE_HEAD_DIM}, f32);
   p.q8 = q8.data_ptr<int8_t>();
   p.q_scale = q_scale.data_ptr<float>();
@@ -335,8 +341,8 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
 void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
                     at::IntArrayRef shape, const at::Device& device) {
   // v_fp8 may come as float8_e4m3fn or as its uint8 bits.
-  const bool ok = t.scalar_type() == dtype ||
-                  (dtype == kFp8Storage && t.scalar_type() == at::kFloat8_e4m3fn);
+  const bool ok =
+      t.scalar_type() == dtype || (dtype == kFp8Storage && t.scalar_type() == at::kFloat8_e4m3fn);
   TORCH_CHECK_TYPE(ok, "aiter_sage: prepared ", name, " must be ",
                    dtype == kFp8Storage ? "torch.float8_e4m3fn" : c10::toString(dtype), ", got ",
                    t.scalar_type());
@@ -396,8 +402,8 @@ at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
                    k8 = aligned_for(k8_in, align), k_scale = aligned_for(k_scale_in, align),
                    v8 = aligned_for(v8_in, align), v_scale = aligned_for(v_scale_in, align);
   const int64_t out_rows = padded_out ? sh.Sq_pad : sh.q_len;
-  at::Tensor out = at::empty({sh.B, out_rows, sh.H, SAGE_HEAD_DIM},
-                             q8.options().dtype(at::kBFloat16));
+  at::Tensor out =
+      at::empty({sh.B, out_rows, sh.H, SAGE_HEAD_DIM}, q8.options().dtype(at::kBFloat16));
   SageParams p{};
   p.batch = int32_t(sh.B);
   p.heads = int32_t(sh.H);
@@ -470,9 +476,9 @@ std::vector<std::vector<int64_t>> prepare_shapes(
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   const PrepareShape s =
       check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
-  return {{s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Sq_pad)},
+  return {{s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM},  {s.B, s.H, sage::scale_blocks(s.Sq_pad)},
           {s.B, s.Skv_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Skv_pad)},
-          {s.B, s.H, SAGE_HEAD_DIM, s.Skv_pad},  {s.B, s.H, SAGE_HEAD_DIM}};
+          {s.B, s.H, SAGE_HEAD_DIM, s.Skv_pad}, {s.B, s.H, SAGE_HEAD_DIM}};
 }
 
 std::vector<int64_t> fwd_shape(const at::Tensor& q8, const at::Tensor& q_scale,
@@ -483,11 +489,13 @@ std::vector<int64_t> fwd_shape(const at::Tensor& q8, const at::Tensor& q_scale,
   return {s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM};
 }
 
-std::vector<int64_t> attention_shape(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
-    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps, bool is_causal) {
+std::vector<int64_t> attention_shape(const at::Tensor& query, const at::Tensor& key,
+                                     const at::Tensor& value, std::optional<double> softmax_scale,
+                                     const std::optional<at::Tensor>& query_weight,
+                                     const std::optional<at::Tensor>& key_weight,
+                                     const std::optional<at::Tensor>& cosine,
+                                     const std::optional<at::Tensor>& sine, double eps,
+                                     bool is_causal) {
   check_attention_options(is_causal);
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
@@ -509,22 +517,22 @@ void register_ops() {
   const std::string prepare_schema = std::string("gfx1201_sage_prepare(") + kUpstreamArgs +
                                      ", *, str? backend=None) -> (Tensor, Tensor, Tensor, "
                                      "Tensor, Tensor, Tensor)";
-  const std::string attention_schema =
-      std::string("gfx1201_sage_attention(") + kUpstreamArgs +
-      ", *, bool is_causal=False, str? backend=None) -> Tensor";
+  const std::string attention_schema = std::string("gfx1201_sage_attention(") + kUpstreamArgs +
+                                       ", *, bool is_causal=False, str? backend=None) -> Tensor";
   def->def(prepare_schema.c_str());
-  def->def("gfx1201_sage_attention_fwd(Tensor q_int8, Tensor q_scale, Tensor k_int8, "
-           "Tensor k_scale, Tensor v_fp8, Tensor v_scale, int seq_len, *, int? kv_len=None, "
-           "str? backend=None) -> Tensor");
+  def->def(
+      "gfx1201_sage_attention_fwd(Tensor q_int8, Tensor q_scale, Tensor k_int8, "
+      "Tensor k_scale, Tensor v_fp8, Tensor v_scale, int seq_len, *, int? kv_len=None, "
+      "str? backend=None) -> Tensor");
   def->def(attention_schema.c_str());
-  auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter",
-                                              c10::DispatchKey::CPU, __FILE__, __LINE__);
+  auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter", c10::DispatchKey::CPU,
+                                              __FILE__, __LINE__);
   cpu->impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
   cpu->impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
   cpu->impl("gfx1201_sage_attention", TORCH_FN(attention_op));
 #ifdef SAGE_TORCH_GPU
-  auto gpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter",
-                                              c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  auto gpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter", c10::DispatchKey::CUDA,
+                                              __FILE__, __LINE__);
   gpu->impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
   gpu->impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
   gpu->impl("gfx1201_sage_attention", TORCH_FN(attention_op));

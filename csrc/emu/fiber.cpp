@@ -65,7 +65,8 @@ bool FiberStack::allocate(size_t bytes) {
   const size_t page = size_t(sysconf(_SC_PAGESIZE));
   bytes = (bytes + page - 1) / page * page;
   map_size = bytes + page;
-  void* p = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* p = mmap(nullptr, map_size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     map = nullptr;
     return false;
@@ -119,12 +120,12 @@ void Fiber::reset(FiberStack* s, HostContext* h, void (*f)(void*), void* a) {
   const uint32_t mxcsr = 0x1f80;  // round-to-nearest, no FTZ/DAZ, exceptions masked
   const uint16_t fpcw = 0x037f;
   frame[0] = uint64_t(mxcsr) | (uint64_t(fpcw) << 32);
-  frame[1] = 0;                                          // r15
-  frame[2] = 0;                                          // r14
-  frame[3] = reinterpret_cast<uint64_t>(&fiber_main);    // r13
-  frame[4] = reinterpret_cast<uint64_t>(this);           // r12
-  frame[5] = 0;                                          // rbx
-  frame[6] = 0;                                          // rbp
+  frame[1] = 0;                                        // r15
+  frame[2] = 0;                                        // r14
+  frame[3] = reinterpret_cast<uint64_t>(&fiber_main);  // r13
+  frame[4] = reinterpret_cast<uint64_t>(this);         // r12
+  frame[5] = 0;                                        // rbx
+  frame[6] = 0;                                        // rbp
   frame[7] = reinterpret_cast<uint64_t>(&sage_emu_fiber_start);
   sp = frame;
 #else

@@ -65,8 +65,8 @@ uint8_t cvt_f32_to_fp8_e4m3(float x) {
   const uint8_t sign = uint8_t((u >> 24) & 0x80u);
   const uint32_t exp_field = (u >> 23) & 0xffu;
   if (exp_field == 0xffu) return uint8_t(sign | 0x7f);  // inf or NaN: no e4m3fn infinity
-  if (exp_field == 0u) return sign;                      // f32 subnormal: far below 2^-10
-  const uint32_t m24 = (u & 0x7fffffu) | 0x800000u;      // value = m24 * 2^(e - 23)
+  if (exp_field == 0u) return sign;                     // f32 subnormal: far below 2^-10
+  const uint32_t m24 = (u & 0x7fffffu) | 0x800000u;     // value = m24 * 2^(e - 23)
   int e = int(exp_field) - 127;
   if (e < -6) {
     // e4m3 subnormal range: count units of 2^-9, i.e. m24 * 2^(e - 23 + 9).

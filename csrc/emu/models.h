@@ -13,7 +13,7 @@ constexpr int kTile = 16;  // WMMA M = N = K = 16 on gfx12 (wave32)
 // Per-lane operands of one wave, indexed by lane (0..31). A lane that does not take part
 // contributes zeros (the runtime reports that case: WMMA requires EXEC to be all ones).
 struct WmmaIu8Operands {
-  uint8_t a[kWaveSize][8];   // bytes of the v2i32, little endian
+  uint8_t a[kWaveSize][8];  // bytes of the v2i32, little endian
   uint8_t b[kWaveSize][8];
   int32_t c[kWaveSize][8];
 };

@@ -73,8 +73,9 @@ bool lane_stack_bytes(size_t* bytes, std::string* error) {
   errno = 0;
   const long kb = strtol(e, &end, 10);
   if (errno != 0 || end == e || *end != '\0' || kb < kMinStackKb || kb > kMaxStackKb) {
-    *error = std::string("AITER_SAGE_EMU_STACK_KB=") + e + " is not a lane stack size in KiB from " +
-             std::to_string(kMinStackKb) + " to " + std::to_string(kMaxStackKb);
+    *error = std::string("AITER_SAGE_EMU_STACK_KB=") + e +
+             " is not a lane stack size in KiB from " + std::to_string(kMinStackKb) + " to " +
+             std::to_string(kMaxStackKb);
     return false;
   }
   *bytes = size_t(kb) * 1024;
@@ -126,17 +127,28 @@ static bool same_site(const Site& a, const Site& b) {
 // ------------------------------------------------------------------ reports -------------
 const char* report_kind_name(ReportKind k) {
   switch (k) {
-    case ReportKind::kLaunchConfig: return "launch-config";
-    case ReportKind::kLdsRace: return "lds-race";
-    case ReportKind::kBarrierDivergence: return "barrier-divergence";
-    case ReportKind::kLdsOutOfBounds: return "lds-out-of-bounds";
-    case ReportKind::kLdsBadPointer: return "lds-bad-pointer";
-    case ReportKind::kLdsOverflow: return "lds-overflow";
-    case ReportKind::kLdsMisaligned: return "lds-misaligned";
-    case ReportKind::kLdsUninitRead: return "lds-uninitialized-read";
-    case ReportKind::kGlobalMisaligned: return "global-misaligned";
-    case ReportKind::kWmmaExec: return "wmma-partial-exec";
-    case ReportKind::kReadlaneInactive: return "readlane-inactive";
+    case ReportKind::kLaunchConfig:
+      return "launch-config";
+    case ReportKind::kLdsRace:
+      return "lds-race";
+    case ReportKind::kBarrierDivergence:
+      return "barrier-divergence";
+    case ReportKind::kLdsOutOfBounds:
+      return "lds-out-of-bounds";
+    case ReportKind::kLdsBadPointer:
+      return "lds-bad-pointer";
+    case ReportKind::kLdsOverflow:
+      return "lds-overflow";
+    case ReportKind::kLdsMisaligned:
+      return "lds-misaligned";
+    case ReportKind::kLdsUninitRead:
+      return "lds-uninitialized-read";
+    case ReportKind::kGlobalMisaligned:
+      return "global-misaligned";
+    case ReportKind::kWmmaExec:
+      return "wmma-partial-exec";
+    case ReportKind::kReadlaneInactive:
+      return "readlane-inactive";
   }
   return "?";
 }
@@ -189,8 +201,8 @@ void Worker::report(ReportKind kind, const Site& a, const Site& b, const char* f
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  launch->reports.set_text(key, std::string("[") + report_kind_name(kind) + "] " + where() +
-                                    ": " + msg);
+  launch->reports.set_text(key,
+                           std::string("[") + report_kind_name(kind) + "] " + where() + ": " + msg);
 }
 
 std::string Worker::where() const {
@@ -394,11 +406,18 @@ void Worker::execute_group(int wave_index, Lane* group[kWaveSize], int n) {
       for (int i = 0; i < kWaveSize; ++i)
         if (group[i]) exec_lds(wave_index, *group[i]);
       break;
-    case Op::kShflXor: exec_shfl(group, false); break;
-    case Op::kReadLane: exec_shfl(group, true); break;
+    case Op::kShflXor:
+      exec_shfl(group, false);
+      break;
+    case Op::kReadLane:
+      exec_shfl(group, true);
+      break;
     case Op::kWmmaIu8:
-    case Op::kWmmaFp8: exec_wmma(wave_index, group, n, op); break;
-    default: break;
+    case Op::kWmmaFp8:
+      exec_wmma(wave_index, group, n, op);
+      break;
+    default:
+      break;
   }
 }
 
@@ -509,16 +528,16 @@ void Worker::exec_lds(int wave_index, Lane& l) {
     report(ReportKind::kLdsOutOfBounds, r.site, Site{nullptr, 0, 0},
            "wave %d lane %d: %u-byte LDS %s at %s touches bytes [%lld, %lld) of '%s', which "
            "has %u bytes (LDS byte offset %lld)",
-           wave_index, l.ids.lane_id, r.size, store ? "store" : "load",
-           site_text(r.site).c_str(), (long long)(start - a->offset),
-           (long long)(end - a->offset), a->decl->name, a->bytes, (long long)start);
+           wave_index, l.ids.lane_id, r.size, store ? "store" : "load", site_text(r.site).c_str(),
+           (long long)(start - a->offset), (long long)(end - a->offset), a->decl->name, a->bytes,
+           (long long)start);
     return reject();
   }
   if (g_check_align && (start % r.align) != 0) {
     report(ReportKind::kLdsMisaligned, r.site, Site{nullptr, 0, 0},
            "wave %d lane %d: %u-byte LDS %s at %s at byte %lld of '%s' is not %u-byte aligned",
-           wave_index, l.ids.lane_id, r.size, store ? "store" : "load",
-           site_text(r.site).c_str(), (long long)(start - a->offset), a->decl->name, r.align);
+           wave_index, l.ids.lane_id, r.size, store ? "store" : "load", site_text(r.site).c_str(),
+           (long long)(start - a->offset), a->decl->name, r.align);
   }
   const uint16_t sid = site_id(r.site);
   const uint32_t bit = 1u << wave_index;
@@ -544,8 +563,8 @@ void Worker::exec_lds(int wave_index, Lane& l) {
           report(ReportKind::kLdsUninitRead, r.site, Site{nullptr, 0, 0},
                  "wave %d lane %d: LDS load at %s reads byte %lld of '%s', which no lane of "
                  "this workgroup has written",
-                 wave_index, l.ids.lane_id, site_text(r.site).c_str(),
-                 (long long)(b - a->offset), a->decl->name);
+                 wave_index, l.ids.lane_id, site_text(r.site).c_str(), (long long)(b - a->offset),
+                 a->decl->name);
       } else if (s.w_epoch == epoch && s.w_wave != wave_index) {
         other = s.w_wave, other_site = s.w_site, what = "store/load";
       }
@@ -694,8 +713,8 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
   else if (threads == 0 || threads > unsigned(kMaxThreadsPerBlock))
     snprintf(bad, sizeof bad, "%u threads per workgroup (1..1024 allowed)", threads);
   else if (meta.max_threads > 0 && threads > unsigned(meta.max_threads))
-    snprintf(bad, sizeof bad, "%u threads per workgroup exceed SAGE_KERNEL max_threads %d",
-             threads, meta.max_threads);
+    snprintf(bad, sizeof bad, "%u threads per workgroup exceed SAGE_KERNEL max_threads %d", threads,
+             meta.max_threads);
   if (bad[0]) {
     summary_buf = std::string("[launch-config] kernel ") + meta.name + ": " + bad;
     publish(summary_buf + "\n", 1);
@@ -748,8 +767,7 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
   publish(text, int(n));
   if (getenv("AITER_SAGE_EMU_VERBOSE")) fprintf(stderr, "%s", text.c_str());
   summary_buf = "sage_emu: " + std::to_string(n) + " report(s) in kernel " + meta.name +
-                "; first: " + st.reports.first_line() +
-                " (all: sage_emu_reports_text())";
+                "; first: " + st.reports.first_line() + " (all: sage_emu_reports_text())";
   *summary = summary_buf.c_str();
   return 1;
 }

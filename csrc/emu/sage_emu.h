@@ -30,7 +30,9 @@ typedef int v8i32 __attribute__((ext_vector_type(8)));
 typedef float v8f32 __attribute__((ext_vector_type(8)));
 typedef uint32_t u32x4 __attribute__((ext_vector_type(4)));
 
-struct sage_dim3 { unsigned x, y, z; };
+struct sage_dim3 {
+  unsigned x, y, z;
+};
 
 #pragma GCC visibility push(hidden)  // one runtime per module: never interposed across .so files
 namespace sage_emu {
@@ -42,12 +44,22 @@ struct Site {
   unsigned line;
   unsigned col;
 };
-#define SAGE_EMU_SITE_PARAMS                                                         \
+#define SAGE_EMU_SITE_PARAMS                                                                   \
   const char *sage_site_file_ = __builtin_FILE(), unsigned sage_site_line_ = __builtin_LINE(), \
-  unsigned sage_site_col_ = __builtin_COLUMN()
-#define SAGE_EMU_SITE ::sage_emu::Site{sage_site_file_, sage_site_line_, sage_site_col_}
+             unsigned sage_site_col_ = __builtin_COLUMN()
+#define SAGE_EMU_SITE \
+  ::sage_emu::Site { sage_site_file_, sage_site_line_, sage_site_col_ }
 
-enum class Op : uint8_t { kNone, kBarrier, kLdsLoad, kLdsStore, kShflXor, kReadLane, kWmmaIu8, kWmmaFp8 };
+enum class Op : uint8_t {
+  kNone,
+  kBarrier,
+  kLdsLoad,
+  kLdsStore,
+  kShflXor,
+  kReadLane,
+  kWmmaIu8,
+  kWmmaFp8
+};
 
 // A lane's parked request at a wave-synchronous point. Operands live on the lane's stack,
 // which stays valid while the lane is parked.
@@ -56,10 +68,10 @@ struct OpRequest {
   bool sign_a, sign_b, clamp;  // kWmmaIu8
   uint32_t size, align;        // LDS access width / natural alignment of the type
   Site site;
-  const void* lds;             // LDS pointer given by the kernel (emulated address)
-  int64_t arg;                 // LDS byte offset, shuffle mask or readlane index
-  const void* src[3];          // operands (WMMA a, b, c; store value; shuffle value)
-  void* dst;                   // result
+  const void* lds;     // LDS pointer given by the kernel (emulated address)
+  int64_t arg;         // LDS byte offset, shuffle mask or readlane index
+  const void* src[3];  // operands (WMMA a, b, c; store value; shuffle value)
+  void* dst;           // result
 };
 
 // Identity of the lane currently running on this host thread.
@@ -102,9 +114,9 @@ float exp2_v_exp_f32(float x);
 
 // ------------------------------ kernel API ------------------------------------------------
 #define SAGE_DEVICE inline
-#define SAGE_KERNEL(name, max_threads)                                                \
-  extern "C" __attribute__((visibility("default"), used))                             \
-  const ::sage_emu::KernelInfo sage_emu_kinfo_##name = {#name, max_threads};          \
+#define SAGE_KERNEL(name, max_threads)                                       \
+  extern "C" __attribute__((visibility("default"), used))                    \
+  const ::sage_emu::KernelInfo sage_emu_kinfo_##name = {#name, max_threads}; \
   extern "C" __attribute__((visibility("default"))) void name
 
 inline int sage_thread_id() { return sage_emu::t_lane_ids->thread_id; }
@@ -124,11 +136,11 @@ inline void sage_barrier(SAGE_EMU_SITE_PARAMS) {
 // Workgroup memory. `name` is a reference to an array at an *emulated* LDS address: pass it
 // (or a pointer derived from it) to sage_lds_load/store; dereferencing it directly faults
 // (SIGSEGV in a PROT_NONE window), because that would bypass lockstep and the checks.
-#define SAGE_LDS(type, name, count)                                                     \
+#define SAGE_LDS(type, name, count)                                                           \
   static const ::sage_emu::LdsDecl sage_emu_lds_decl_##name = {#name, sizeof(type) * (count), \
-                                                              alignof(type)};          \
-  type(&name)[count] = *static_cast<type(*)[count]>(::sage_emu::lds_declare(           \
-      &sage_emu_lds_decl_##name, ::sage_emu::Site{__FILE__, __LINE__, 0}))
+                                                               alignof(type)};                \
+  type(&name)[count] = *static_cast<type(*)[count]>(                                          \
+      ::sage_emu::lds_declare(&sage_emu_lds_decl_##name, ::sage_emu::Site{__FILE__, __LINE__, 0}))
 
 namespace sage_emu {
 // An LDS access of sizeof(T) bytes: a wave-synchronous op, so lanes see program order.
@@ -200,17 +212,15 @@ inline int sage_shfl_xor(int v, int mask, SAGE_EMU_SITE_PARAMS) {
   return sage_emu::lane_op(sage_emu::Op::kShflXor, v, mask, SAGE_EMU_SITE);
 }
 inline float sage_shfl_xor(float v, int mask, SAGE_EMU_SITE_PARAMS) {
-  return __builtin_bit_cast(
-      float, sage_shfl_xor(__builtin_bit_cast(int, v), mask, sage_site_file_, sage_site_line_,
-                           sage_site_col_));
+  return __builtin_bit_cast(float, sage_shfl_xor(__builtin_bit_cast(int, v), mask, sage_site_file_,
+                                                 sage_site_line_, sage_site_col_));
 }
 inline int sage_readlane(int v, int lane, SAGE_EMU_SITE_PARAMS) {
   return sage_emu::lane_op(sage_emu::Op::kReadLane, v, lane, SAGE_EMU_SITE);
 }
 inline float sage_readlane(float v, int lane, SAGE_EMU_SITE_PARAMS) {
-  return __builtin_bit_cast(
-      float, sage_readlane(__builtin_bit_cast(int, v), lane, sage_site_file_, sage_site_line_,
-                           sage_site_col_));
+  return __builtin_bit_cast(float, sage_readlane(__builtin_bit_cast(int, v), lane, sage_site_file_,
+                                                 sage_site_line_, sage_site_col_));
 }
 
 template <bool kSignedA, bool kSignedB, bool kClamp>
@@ -274,15 +284,15 @@ inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned thread
     void (*kernel)(KArgs...);
     std::tuple<std::decay_t<KArgs>...> args;
   };
-  const Closure closure{kernel, std::tuple<std::decay_t<KArgs>...>(
-                                    static_cast<std::decay_t<KArgs>>(args)...)};
+  const Closure closure{
+      kernel, std::tuple<std::decay_t<KArgs>...>(static_cast<std::decay_t<KArgs>>(args)...)};
   auto entry = +[](const void* p) {
     const Closure* c = static_cast<const Closure*>(p);
     std::apply(c->kernel, c->args);
   };
   const char* summary = nullptr;
-  int rc = sage_emu::launch(reinterpret_cast<const void*>(kernel), grid, threads, entry,
-                            &closure, &summary);
+  int rc = sage_emu::launch(reinterpret_cast<const void*>(kernel), grid, threads, entry, &closure,
+                            &summary);
   if (rc != 0) sage::set_error("%s", summary ? summary : "emulated launch failed");
   return rc;
 }

@@ -37,10 +37,14 @@ namespace sage_emu {
 template <class T>
 std::string param_code() {
   using U = std::remove_cv_t<T>;
-  if constexpr (std::is_pointer_v<U>) return "p";
-  else if constexpr (std::is_integral_v<U> || std::is_enum_v<U>) return "i" + std::to_string(sizeof(U));
-  else if constexpr (std::is_floating_point_v<U>) return "f" + std::to_string(sizeof(U));
-  else return "s" + std::to_string(sizeof(U));
+  if constexpr (std::is_pointer_v<U>)
+    return "p";
+  else if constexpr (std::is_integral_v<U> || std::is_enum_v<U>)
+    return "i" + std::to_string(sizeof(U));
+  else if constexpr (std::is_floating_point_v<U>)
+    return "f" + std::to_string(sizeof(U));
+  else
+    return "s" + std::to_string(sizeof(U));
 }
 
 template <class T>
@@ -53,9 +57,12 @@ bool convert_arg(const sage_emu_arg& a, T* out) {
     if (a.kind != 1) return false;
     *out = static_cast<U>(a.i);
   } else if constexpr (std::is_floating_point_v<U>) {
-    if (a.kind == 2) *out = static_cast<U>(a.f);
-    else if (a.kind == 1) *out = static_cast<U>(a.i);
-    else return false;
+    if (a.kind == 2)
+      *out = static_cast<U>(a.f);
+    else if (a.kind == 1)
+      *out = static_cast<U>(a.i);
+    else
+      return false;
   } else {
     static_assert(std::is_trivially_copyable_v<U>, "kernel parameters must be trivially copyable");
     if (a.kind != 3 || a.size != int32_t(sizeof(U)) || !a.p) return false;
@@ -88,27 +95,25 @@ int run_packed(void (*k)(K...), const sage_emu_arg* args, int nargs, unsigned gx
   if (nargs != int(sizeof...(K)))
     return sage::set_error("sage_emu: kernel takes %d arguments, %d given", int(sizeof...(K)),
                            nargs);
-  return run_packed_impl(k, args, sage_dim3{gx, gy, gz}, threads,
-                         std::index_sequence_for<K...>{});
+  return run_packed_impl(k, args, sage_dim3{gx, gy, gz}, threads, std::index_sequence_for<K...>{});
 }
 
 }  // namespace sage_emu
 #pragma GCC visibility pop
 
-#define SAGE_EMU_EXPORT_KERNEL(name)                                                         \
-  extern "C" __attribute__((visibility("default"))) int sage_emu_run_##name(                \
-      const sage_emu_arg* args, int nargs, unsigned gx, unsigned gy, unsigned gz,            \
-      unsigned threads) {                                                                    \
-    return ::sage_emu::run_packed(&name, args, nargs, gx, gy, gz, threads);                 \
-  }                                                                                          \
-  extern "C" __attribute__((visibility("default"))) const char* sage_emu_signature_##name(  \
-      void) {                                                                                \
-    static const std::string s = ::sage_emu::signature(&name);                               \
-    return s.c_str();                                                                        \
+#define SAGE_EMU_EXPORT_KERNEL(name)                                                              \
+  extern "C" __attribute__((visibility("default"))) int sage_emu_run_##name(                      \
+      const sage_emu_arg* args, int nargs, unsigned gx, unsigned gy, unsigned gz,                 \
+      unsigned threads) {                                                                         \
+    return ::sage_emu::run_packed(&name, args, nargs, gx, gy, gz, threads);                       \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) const char* sage_emu_signature_##name(void) { \
+    static const std::string s = ::sage_emu::signature(&name);                                    \
+    return s.c_str();                                                                             \
   }
 
 // The error text of this thread's last failed run (from sage::set_error).
-#define SAGE_EMU_EXPORT_LAST_ERROR()                                                           \
+#define SAGE_EMU_EXPORT_LAST_ERROR()                                                        \
   extern "C" __attribute__((visibility("default"))) const char* sage_emu_last_error(void) { \
-    return sage::last_error_buffer();                                                        \
+    return sage::last_error_buffer();                                                       \
   }

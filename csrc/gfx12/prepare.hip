@@ -174,11 +174,22 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
   QkSide sd;
   if (is_q) {
     sd = QkSide{p.q + bshd_offset(p.q_stride_b, p.q_stride_s, p.q_stride_h, b, 0, hd),
-                p.q_stride_s, p.q_len, p.q_len_pad, p.q_norm_weight,
-                p.q_prescale, p.q8, p.q_scale};
+                p.q_stride_s,
+                p.q_len,
+                p.q_len_pad,
+                p.q_norm_weight,
+                p.q_prescale,
+                p.q8,
+                p.q_scale};
   } else {
     sd = QkSide{p.k + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd),
-                p.k_stride_s, p.kv_len, p.kv_len_pad, p.k_norm_weight, 1.0f, p.k8, p.k_scale};
+                p.k_stride_s,
+                p.kv_len,
+                p.kv_len_pad,
+                p.k_norm_weight,
+                1.0f,
+                p.k8,
+                p.k_scale};
   }
   const int c = prep_chunk(tid);
   const bool norm = sd.norm_weight != nullptr;
@@ -256,14 +267,14 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
                        v2i32{int(word[0]), int(word[1])});
   }
   if (tid == 0)
-    sage_gstore<float>(sd.out_scale,
-                       4 * qk_scale_offset(head, sd.len_pad, blk * SAGE_SCALE_BLOCK), scale);
+    sage_gstore<float>(sd.out_scale, 4 * qk_scale_offset(head, sd.len_pad, blk * SAGE_SCALE_BLOCK),
+                       scale);
 }
 
 // ============================================================================ kernel 3 =====
 SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   using T = PrepTraits;
-  SAGE_LDS(uint32_t, vt, SAGE_HEAD_DIM * kVtRowBytes / 4);
+  SAGE_LDS(uint32_t, vt, SAGE_HEAD_DIM* kVtRowBytes / 4);
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p, b, hd);
@@ -293,8 +304,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
         float x[T::kChunk];
         unpack_bf16x8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)), x);
 #pragma unroll
-        for (int i = 0; i < T::kChunk; ++i)
-          word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
+        for (int i = 0; i < T::kChunk; ++i) word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
       }
     }
 #pragma unroll
@@ -315,8 +325,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
     out.y = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 4));
     out.z = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 8));
     out.w = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 12));
-    sage_gstore<u32x4>(p.v8, v8_offset(head, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16),
-                       out);
+    sage_gstore<u32x4>(p.v8, v8_offset(head, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
   }
 }
 

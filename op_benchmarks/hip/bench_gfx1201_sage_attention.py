@@ -49,8 +49,10 @@ def cpu_name() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return "unknown"
-    model = next((ln.split(":", 1)[1].strip() for ln in text.splitlines()
-                  if ln.startswith("model name")), "unknown")
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
+        "unknown",
+    )
     wide = "avx512_vnni" in text and "avx512_bf16" in text
     return f"'{model}' ({'AVX-512 VNNI/BF16' if wide else 'no AVX-512 VNNI/BF16'})"
 
@@ -67,8 +69,10 @@ def synchronize(device: str) -> None:
 
 def make_inputs(b, h, s, device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn((b, s, h, HEAD_DIM), generator=g).to(torch.bfloat16).to(device)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn((b, s, h, HEAD_DIM), generator=g).to(torch.bfloat16).to(device)
+        for _ in range(3)
+    )
     return q, k, v
 
 
@@ -80,8 +84,9 @@ def provider_calls(q, k, v, scale, backend):
     sdpa = torch.nn.functional.scaled_dot_product_attention
     return {
         "sage": lambda: aiter_sage.gfx1201_sage_attention(q, k, v, scale, backend=backend),
-        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(*prepared, s,
-                                                                   backend=backend)[:, :s],
+        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(*prepared, s, backend=backend)[
+            :, :s
+        ],
         "sdpa_bf16": lambda: sdpa(qh, kh, vh, scale=scale).transpose(1, 2),
     }
 
@@ -113,27 +118,40 @@ def run(args):
     providers = args.providers or list(PROVIDERS)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"# aiter_sage benchmark: backend={backend} device={device} "
-          f"threads={torch.get_num_threads()} torch={torch.__version__} cpu={cpu_name()} "
-          f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}")
+    print(
+        f"# aiter_sage benchmark: backend={backend} device={device} "
+        f"threads={torch.get_num_threads()} torch={torch.__version__} cpu={cpu_name()} "
+        f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}"
+    )
     rows = []
     for s in seqs:
         q, k, v = make_inputs(batch, heads, s, device)
-        scale = HEAD_DIM ** -0.5
+        scale = HEAD_DIM**-0.5
         calls = {n: f for n, f in provider_calls(q, k, v, scale, backend).items() if n in providers}
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
         flops = 4.0 * batch * heads * s * s * HEAD_DIM
         reference = ref.attention_fp32(q, k, v, scale) if args.compare_to_ref else None
         for name in calls:
-            row = dict(backend=backend, B=batch, H=heads, S=s, D=HEAD_DIM, provider=name,
-                       ms=times[name] * 1e3, tflops=flops / times[name] / 1e12)
+            row = dict(
+                backend=backend,
+                B=batch,
+                H=heads,
+                S=s,
+                D=HEAD_DIM,
+                provider=name,
+                ms=times[name] * 1e3,
+                tflops=flops / times[name] / 1e12,
+            )
             if "sdpa_bf16" in times:
                 row["speedup_vs_sdpa"] = times["sdpa_bf16"] / times[name]
             if reference is not None:
                 acc = ref.accuracy(calls[name](), reference)
-                row.update(cosine=acc["cosine"], rel_l2=acc["rel_l2"],
-                           outside_pct=100 * acc["outside"],
-                           in_band=ref.in_band(acc))
+                row.update(
+                    cosine=acc["cosine"],
+                    rel_l2=acc["rel_l2"],
+                    outside_pct=100 * acc["outside"],
+                    in_band=ref.in_band(acc),
+                )
             rows.append(row)
     return rows
 
@@ -163,8 +181,9 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
-    p.add_argument("--compare_to_ref", action="store_true",
-                   help="score outputs against the FP32 reference")
+    p.add_argument(
+        "--compare_to_ref", action="store_true", help="score outputs against the FP32 reference"
+    )
     p.add_argument("-o", "--output", help="also write the rows as CSV")
     args = p.parse_args(argv)
     rows = run(args)

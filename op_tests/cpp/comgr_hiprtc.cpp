@@ -76,8 +76,8 @@ void collect_log(amd_comgr_data_set_t set, std::string* log) {
 }
 
 // One comgr action from `in` to a fresh data set; its log is kept even on failure.
-bool run_action(amd_comgr_action_kind_t kind, amd_comgr_action_info_t info,
-                amd_comgr_data_set_t in, amd_comgr_data_set_t* out, std::string* log) {
+bool run_action(amd_comgr_action_kind_t kind, amd_comgr_action_info_t info, amd_comgr_data_set_t in,
+                amd_comgr_data_set_t* out, std::string* log) {
   if (amd_comgr_create_data_set(out)) return false;
   amd_comgr_status_t st = amd_comgr_do_action(kind, info, in, *out);
   collect_log(*out, log);
@@ -128,8 +128,8 @@ hiprtcResult compile(Program* p, const std::vector<std::string>& options) {
   if (ok) amd_comgr_action_info_set_option_list(info, no_opts, 1);
   ok = ok && run_action(AMD_COMGR_ACTION_LINK_BC_TO_BC, info, bc, &linked, &p->log);
   ok = ok && run_action(AMD_COMGR_ACTION_CODEGEN_BC_TO_RELOCATABLE, info, linked, &reloc, &p->log);
-  ok = ok && run_action(AMD_COMGR_ACTION_LINK_RELOCATABLE_TO_EXECUTABLE, info, reloc, &exe,
-                        &p->log);
+  ok =
+      ok && run_action(AMD_COMGR_ACTION_LINK_RELOCATABLE_TO_EXECUTABLE, info, reloc, &exe, &p->log);
   if (ok) {
     amd_comgr_data_t d;
     size_t size = 0;
@@ -156,14 +156,14 @@ __attribute__((visibility("default"))) hiprtcResult hiprtcVersion(int* major, in
 }
 
 __attribute__((visibility("default"))) const char* hiprtcGetErrorString(hiprtcResult r) {
-  return r == HIPRTC_SUCCESS ? "HIPRTC_SUCCESS"
+  return r == HIPRTC_SUCCESS             ? "HIPRTC_SUCCESS"
          : r == HIPRTC_ERROR_COMPILATION ? "HIPRTC_ERROR_COMPILATION"
                                          : "HIPRTC_ERROR (comgr_hiprtc stand-in)";
 }
 
-__attribute__((visibility("default"))) hiprtcResult hiprtcCreateProgram(
-    void** prog, const char* src, const char* name, int num_headers, const char** headers,
-    const char** include_names) {
+__attribute__((visibility("default"))) hiprtcResult
+hiprtcCreateProgram(void** prog, const char* src, const char* name, int num_headers,
+                    const char** headers, const char** include_names) {
   if (!prog || !src) return HIPRTC_ERROR_INVALID_INPUT;
   Program* p = new Program;
   p->source = src;
@@ -180,8 +180,7 @@ __attribute__((visibility("default"))) hiprtcResult hiprtcCompileProgram(void* p
   return compile(static_cast<Program*>(prog), options);
 }
 
-__attribute__((visibility("default"))) hiprtcResult hiprtcGetProgramLogSize(void* prog,
-                                                                            size_t* n) {
+__attribute__((visibility("default"))) hiprtcResult hiprtcGetProgramLogSize(void* prog, size_t* n) {
   *n = static_cast<Program*>(prog)->log.size() + 1;
   return HIPRTC_SUCCESS;
 }

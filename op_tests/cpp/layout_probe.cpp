@@ -5,8 +5,8 @@
 
 SAGE_DEFINE_MODULE_ABI("layout_probe target=cpu")
 
-SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s,
-                                    int64_t h, int64_t d) {
+SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s, int64_t h,
+                                    int64_t d) {
   return sage::qk8_offset(heads, s_pad, b, s, h, d);
 }
 SAGE_EXPORT int64_t sage_qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {

@@ -8,8 +8,8 @@ constexpr int kKeys = 64, kDim = 128, kThreads = 128;
 
 SAGE_KERNEL(bench_attention_like, 128)(const int8_t* q8, const int8_t* k8, const uint8_t* v8,
                                        float* out, int kv_len) {
-  SAGE_LDS(int8_t, k_tile, kKeys * kDim);   // [key][dim]
-  SAGE_LDS(uint8_t, v_tile, kDim * kKeys);  // [dim][key]
+  SAGE_LDS(int8_t, k_tile, kKeys* kDim);   // [key][dim]
+  SAGE_LDS(uint8_t, v_tile, kDim* kKeys);  // [dim][key]
   const int t = sage_thread_id(), lane = sage_lane_id(), wave = sage_wave_id();
   const int head = sage_block_id_y(), q0 = sage_block_id_x() * 64 + wave * 16;
   const int h = lane / 16, r = lane % 16;
@@ -21,9 +21,11 @@ SAGE_KERNEL(bench_attention_like, 128)(const int8_t* q8, const int8_t* k8, const
   for (int kt = 0; kt < kv_len; kt += kKeys) {
     for (int i = 0; i < 4; ++i) {  // stage K and V: 128 threads x 16 B x 4
       const int off = (i * kThreads + t) * 16;
-      sage_lds_store<u32x4>(k_tile, off, sage_gload<u32x4>(k8, (int64_t(head) * kv_len + kt) * kDim + off));
+      sage_lds_store<u32x4>(k_tile, off,
+                            sage_gload<u32x4>(k8, (int64_t(head) * kv_len + kt) * kDim + off));
       const int d = off / kKeys, k = off % kKeys;
-      sage_lds_store<u32x4>(v_tile, off, sage_gload<u32x4>(v8, (int64_t(head) * kDim + d) * kv_len + kt + k));
+      sage_lds_store<u32x4>(v_tile, off,
+                            sage_gload<u32x4>(v8, (int64_t(head) * kDim + d) * kv_len + kt + k));
     }
     sage_barrier();
     v8i32 s[4];
@@ -47,8 +49,10 @@ SAGE_KERNEL(bench_attention_like, 128)(const int8_t* q8, const int8_t* k8, const
         e8[e] = sage_exp2f(float(s[j][e]) * 0.01f - mx);
         l += e8[e];
       }
-      p[j].x = sage_cvt_pk_fp8(e8[2] * 448.f, e8[3] * 448.f, sage_cvt_pk_fp8(e8[0] * 448.f, e8[1] * 448.f, 0, false), true);
-      p[j].y = sage_cvt_pk_fp8(e8[6] * 448.f, e8[7] * 448.f, sage_cvt_pk_fp8(e8[4] * 448.f, e8[5] * 448.f, 0, false), true);
+      p[j].x = sage_cvt_pk_fp8(e8[2] * 448.f, e8[3] * 448.f,
+                               sage_cvt_pk_fp8(e8[0] * 448.f, e8[1] * 448.f, 0, false), true);
+      p[j].y = sage_cvt_pk_fp8(e8[6] * 448.f, e8[7] * 448.f,
+                               sage_cvt_pk_fp8(e8[4] * 448.f, e8[5] * 448.f, 0, false), true);
     }
     for (int c = 0; c < 8; ++c) {  // O^T += V^T P^T
       for (int e = 0; e < 8; ++e) o[c][e] *= alpha;
@@ -62,5 +66,6 @@ SAGE_KERNEL(bench_attention_like, 128)(const int8_t* q8, const int8_t* k8, const
   l += sage_shfl_xor(l, 16);
   for (int c = 0; c < 8; ++c)
     for (int e = 0; e < 8; ++e)
-      sage_gstore<float>(out, ((int64_t(head) * 512 + q0 + r) * kDim + c * 16 + 8 * h + e) * 4, o[c][e] / l);
+      sage_gstore<float>(out, ((int64_t(head) * 512 + q0 + r) * kDim + c * 16 + 8 * h + e) * 4,
+                         o[c][e] / l);
 }

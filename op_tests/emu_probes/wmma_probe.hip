@@ -60,8 +60,8 @@ SAGE_KERNEL(probe_cvt_pk_fp8, 256)(const float* x, int* out, int n) {
   const int i = sage_block_id_x() * 256 + sage_thread_id();
   if (i >= n) return;
   const float* p = x + 4 * i;
-  const int lo = sage_cvt_pk_fp8(sage_gload<float>(p, 0), sage_gload<float>(p, 4),
-                                 int(0xCAFEBABEu), false);
+  const int lo =
+      sage_cvt_pk_fp8(sage_gload<float>(p, 0), sage_gload<float>(p, 4), int(0xCAFEBABEu), false);
   const int both = sage_cvt_pk_fp8(sage_gload<float>(p, 8), sage_gload<float>(p, 12), lo, true);
   sage_gstore<int>(out, 8 * int64_t(i), lo);
   sage_gstore<int>(out, 8 * int64_t(i) + 4, both);

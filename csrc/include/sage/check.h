@@ -23,12 +23,13 @@ inline bool check_problem(const SageParams* p, const char* what) {
   if (p->q_len > SAGE_MAX_SEQ_LEN || p->kv_len > SAGE_MAX_SEQ_LEN)
     return !set_error("%s: sequence lengths must be <= %d (got q_len=%d kv_len=%d)", what,
                       SAGE_MAX_SEQ_LEN, p->q_len, p->kv_len);
-  if (p->q_len_pad < p->q_len || p->q_len_pad % SAGE_SEQ_ALIGN != 0 ||
-      p->kv_len_pad < p->kv_len || p->kv_len_pad % SAGE_SEQ_ALIGN != 0 ||
-      p->q_len_pad > padded_len(SAGE_MAX_SEQ_LEN) || p->kv_len_pad > padded_len(SAGE_MAX_SEQ_LEN))
-    return !set_error("%s: q_len_pad/kv_len_pad (%d/%d) must be multiples of %d covering "
-                      "q_len/kv_len (%d/%d)",
-                      what, p->q_len_pad, p->kv_len_pad, SAGE_SEQ_ALIGN, p->q_len, p->kv_len);
+  if (p->q_len_pad < p->q_len || p->q_len_pad % SAGE_SEQ_ALIGN != 0 || p->kv_len_pad < p->kv_len ||
+      p->kv_len_pad % SAGE_SEQ_ALIGN != 0 || p->q_len_pad > padded_len(SAGE_MAX_SEQ_LEN) ||
+      p->kv_len_pad > padded_len(SAGE_MAX_SEQ_LEN))
+    return !set_error(
+        "%s: q_len_pad/kv_len_pad (%d/%d) must be multiples of %d covering "
+        "q_len/kv_len (%d/%d)",
+        what, p->q_len_pad, p->kv_len_pad, SAGE_SEQ_ALIGN, p->q_len, p->kv_len);
   if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !p->v8 || !p->v_scale)
     return !set_error("%s: null prepared tensor pointer", what);
   return true;

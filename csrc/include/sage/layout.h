@@ -18,8 +18,8 @@ SAGE_HD constexpr int64_t head_index(const SageParams& p, int64_t b, int64_t h) 
 // INT8 Q/K: [B, S_pad, H, 128]. Consecutive rows of one head are `qk8_row_stride` apart.
 SAGE_HD constexpr int64_t qk8_row_stride(int64_t heads) { return heads * SAGE_HEAD_DIM; }
 // Element offset of (b, s, h, d).
-SAGE_HD constexpr int64_t qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s,
-                                     int64_t h, int64_t d) {
+SAGE_HD constexpr int64_t qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s, int64_t h,
+                                     int64_t d) {
   return ((b * s_pad + s) * heads + h) * SAGE_HEAD_DIM + d;
 }
 // Q/K scales: [B, H, S_pad / 32]; offset of the scale of row s of linear head `head`.

@@ -33,10 +33,8 @@ inline int set_error(const char* msg) {
 
 #define SAGE_EXPORT extern "C" __attribute__((visibility("default")))
 
-#define SAGE_DEFINE_MODULE_ABI(info)                                            \
-  SAGE_EXPORT int sage_abi_version(void) { return SAGE_ABI_VERSION; }           \
-  SAGE_EXPORT const char* sage_module_info(void) { return info; }               \
-  SAGE_EXPORT const char* sage_module_last_error(void) {                        \
-    return sage::last_error_buffer();                                           \
-  }
+#define SAGE_DEFINE_MODULE_ABI(info)                                  \
+  SAGE_EXPORT int sage_abi_version(void) { return SAGE_ABI_VERSION; } \
+  SAGE_EXPORT const char* sage_module_info(void) { return info; }     \
+  SAGE_EXPORT const char* sage_module_last_error(void) { return sage::last_error_buffer(); }
 #endif  // !SAGE_HIPRTC

@@ -60,12 +60,12 @@ typedef struct SageParams {
   int64_t rope_stride_s;
 
   // ---- prepared tensors (contiguous; see layout.h) ----
-  int8_t* q8;          // [B, q_len_pad, H, 128]
-  float* q_scale;      // [B, H, q_len_pad / 32]
-  int8_t* k8;          // [B, kv_len_pad, H, 128]
-  float* k_scale;      // [B, H, kv_len_pad / 32]
-  sage_fp8_t* v8;      // [B, H, 128, kv_len_pad]  (V transposed)
-  float* v_scale;      // [B, H, 128]
+  int8_t* q8;      // [B, q_len_pad, H, 128]
+  float* q_scale;  // [B, H, q_len_pad / 32]
+  int8_t* k8;      // [B, kv_len_pad, H, 128]
+  float* k_scale;  // [B, H, kv_len_pad / 32]
+  sage_fp8_t* v8;  // [B, H, 128, kv_len_pad]  (V transposed)
+  float* v_scale;  // [B, H, 128]
 
   // ---- attention output: BF16 [B, out_rows, H, 128], last dim contiguous. Rows < q_len hold
   //      the attention, rows in [q_len, out_rows) are zero (out_rows <= q_len_pad). ----

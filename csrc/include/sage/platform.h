@@ -167,7 +167,9 @@ SAGE_DEVICE float sage_fabsf(float x) { return __builtin_fabsf(x); }
 SAGE_DEVICE float sage_rcpf(float x) { return 1.0f / x; }
 
 #if !defined(SAGE_HIPRTC)  // hiprtc compiles device code only
-struct sage_dim3 { unsigned x, y, z; };
+struct sage_dim3 {
+  unsigned x, y, z;
+};
 template <class... KArgs, class... Args>
 inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads, void* stream,
                        Args... args) {
@@ -175,5 +177,5 @@ inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned thread
                      static_cast<hipStream_t>(stream), args...);
   return static_cast<int>(hipGetLastError());
 }
-#endif  // !SAGE_HIPRTC
+#endif                     // !SAGE_HIPRTC
 #endif

@@ -38,8 +38,7 @@ SAGE_HD float int8_block_scale(float amax) { return amax / kInt8Max; }
 // out of int32 range give INT32_MIN), then the low byte. Quotients beyond +-127.5 need a
 // subnormal block scale; they wrap here exactly as in upstream's reference.
 SAGE_HD int8_t int8_like_torch(float t) {
-  const int32_t i =
-      (t == t && __builtin_fabsf(t) < 2147483648.0f) ? int32_t(t) : (-2147483647 - 1);
+  const int32_t i = (t == t && __builtin_fabsf(t) < 2147483648.0f) ? int32_t(t) : (-2147483647 - 1);
   return int8_t(uint8_t(uint32_t(i) & 0xffu));
 }
 // INT8 code of x in a block of scale s: t = x / s, then trunc(t +- 0.5) (ties away from zero,
@@ -67,7 +66,10 @@ SAGE_HD sage_fp8_t f32_to_e4m3_sat(float x) {
   int e = int(ua >> 23) - 127;  // -6 .. 8
   uint32_t keep = (ua >> 20) & 7u, rem = ua & 0xfffffu;
   if (rem > 0x80000u || (rem == 0x80000u && (keep & 1u))) ++keep;
-  if (keep == 8u) { keep = 0; ++e; }
+  if (keep == 8u) {
+    keep = 0;
+    ++e;
+  }
   return sage_fp8_t(sign | uint8_t((e + 7) << 3) | uint8_t(keep));
 }
 SAGE_HD float e4m3_to_f32(sage_fp8_t b) {
