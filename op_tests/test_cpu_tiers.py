@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import BACKENDS, norm_weights, qkv, rope_tables, run_as_script, skip_no_hardware
+from common import (
+    BACKENDS,
+    norm_weights,
+    qkv,
+    rope_tables,
+    run_as_script,
+    skip_no_hardware,
+)
 from test_gfx1201_sage_prepare import assert_prepared_equal
 
 import aiter_sage
