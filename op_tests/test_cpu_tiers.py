@@ -1,8 +1,19 @@
-"""Every CPU tier (AITER_SAGE_CPU_ISA=scalar|avx2|avx512) is bit-exact in prepare and in band."""
+"""Every CPU tier (AITER_SAGE_CPU_ISA=scalar|avx2|avx512|amx|amx_model) is bit-exact in prepare
+and in band. amx_model runs the amx tier's tile code on a C++ model of the AMX instructions, so
+CI covers the amx kernel on CPUs without AMX; amx itself runs where the CPU and OS allow it."""
+
+from pathlib import Path
 
 import pytest
 import torch
-from common import BACKENDS, norm_weights, qkv, rope_tables, run_as_script, skip_no_hardware
+from common import (
+    BACKENDS,
+    norm_weights,
+    qkv,
+    rope_tables,
+    run_as_script,
+    skip_no_hardware,
+)
 from test_gfx1201_sage_prepare import assert_prepared_equal
 
 import aiter_sage
@@ -11,7 +22,12 @@ from aiter_sage import ref
 pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="no C++ compiler for the cpu backend")
 
 
-@pytest.fixture(params=["scalar", "avx2", "avx512"])
+TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
+# Tiers the default picks, widest first (amx_model is never picked by default).
+AUTO_TIERS = ["amx", "avx512", "avx2", "scalar"]
+
+
+@pytest.fixture(params=TIERS)
 def tier(request, monkeypatch):
     monkeypatch.setenv("AITER_SAGE_CPU_ISA", request.param)
     q, k, v = qkv(1, 8, 8, 1, seed=0)
@@ -74,11 +90,85 @@ def test_tier_keeps_subnormal_outputs(tier):
     assert ref.accuracy(out, want)["rel_l2"] < 2e-2
 
 
+@pytest.mark.parametrize("q_len,kv_len", [(1, 1), (33, 31), (130, 129), (257, 300)])
+def test_tier_tails_match_ref(tier, q_len, kv_len):
+    """Lengths off every block size (the amx tiers work on 128-row blocks and 128-key tiles
+    padded with zero rows and keys): the same attention as ref.py's model of the kernel."""
+    q, k, v = qkv(1, q_len, kv_len, 2, seed=q_len + kv_len)
+    out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+    want = ref.attention_from_prepared(ref.prepare(q, k, v), q_len, kv_len, fp8_p=False)
+    assert out.shape == want.shape
+    assert ref.accuracy(out, want)["rel_l2"] < 5e-3
+
+
+def test_tier_results_do_not_depend_on_threads(tier):
+    """Work is split over threads by (head, query block): any split gives the same bits."""
+    q, k, v = qkv(2, 300, 280, 3, seed=13)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+        torch.set_num_threads(3)
+        three = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, three)
+
+
 def test_unknown_tier_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("AITER_SAGE_CPU_ISA", "sse9")
     q, k, v = qkv(1, 8, 8, 1, seed=0)
-    with pytest.raises(RuntimeError, match="AITER_SAGE_CPU_ISA=sse9: expected scalar, avx2 or avx512"):
+    with pytest.raises(RuntimeError, match="AITER_SAGE_CPU_ISA=sse9: expected scalar, avx2, "
+                                           "avx512, amx or amx_model"):
         aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+
+
+def _cpuinfo_flags():
+    """The CPU's feature flags as the Linux kernel reports them (independent of our CPUID code)."""
+    path = Path("/proc/cpuinfo")
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _attention_with(monkeypatch, isa, q, k, v):
+    if isa is None:
+        monkeypatch.delenv("AITER_SAGE_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("AITER_SAGE_CPU_ISA", isa)
+    return aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+
+
+def test_amx_request_runs_or_is_a_clear_error(monkeypatch):
+    """AITER_SAGE_CPU_ISA=amx runs where the kernel reports AMX; elsewhere it is an error that
+    names the tier (never a crash on the first tile instruction)."""
+    q, k, v = qkv(1, 64, 64, 1, seed=11)
+    flags = _cpuinfo_flags()
+    has_amx = flags is not None and {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= flags
+    if has_amx:
+        out = _attention_with(monkeypatch, "amx", q, k, v)
+        assert ref.in_band(ref.accuracy(out, ref.attention_fp32(q, k, v, 128 ** -0.5)))
+    else:
+        with pytest.raises(RuntimeError, match="AITER_SAGE_CPU_ISA=amx: this CPU .*the amx tier"):
+            _attention_with(monkeypatch, "amx", q, k, v)
+
+
+def test_default_tier_is_the_widest_usable(monkeypatch):
+    """With no request the backend runs the first tier of amx, avx512, avx2, scalar that an
+    explicit request accepts (so without AMX, or without the OS's permission, the next tier
+    runs): bit-identical outputs to that tier's."""
+    q, k, v = qkv(1, 200, 150, 2, seed=12)
+    for isa in AUTO_TIERS:
+        try:
+            want = _attention_with(monkeypatch, isa, q, k, v)
+        except RuntimeError as e:
+            assert "lacks" in str(e)
+            continue
+        break
+    assert torch.equal(_attention_with(monkeypatch, None, q, k, v), want)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ namespace {
 
 const AttentionKernels& kernels_for(Isa isa) {
   switch (isa) {
+    case Isa::kAmx: return kAttentionAmx;
+    case Isa::kAmxModel: return kAttentionAmxModel;
     case Isa::kAvx512: return kAttentionAvx512;
     case Isa::kAvx2: return kAttentionAvx2;
     case Isa::kScalar: break;

@@ -18,5 +18,7 @@ struct AttentionKernels {
 extern const AttentionKernels kAttentionScalar;
 extern const AttentionKernels kAttentionAvx2;
 extern const AttentionKernels kAttentionAvx512;
+extern const AttentionKernels kAttentionAmx;
+extern const AttentionKernels kAttentionAmxModel;
 
 }  // namespace sage_cpu

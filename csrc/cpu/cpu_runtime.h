@@ -25,12 +25,15 @@ namespace sage_cpu {
 
 // Code tiers, from portable to widest. Each tier computes bit-identical prepare outputs; the
 // attention of every tier is inside ref.BAND (they differ in P's rounding: BF16 vs FP32).
-enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+// kAmx: AMX-INT8/BF16 tiles (Sapphire Rapids+), where the OS grants the tile data permission.
+// kAmxModel: the amx tier's kernel code on a C++ model of the tile instructions (any CPU, slow;
+// only by request, for testing).
+enum class Isa { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3, kAmxModel = 4 };
 
 const char* isa_name(Isa isa);
-// The tier to run: AITER_SAGE_CPU_ISA=scalar|avx2|avx512 if set (an error if this CPU lacks
-// it), else the widest one the CPU supports. Returns false and sets the module error on a
-// bad request.
+// The tier to run: AITER_SAGE_CPU_ISA=scalar|avx2|avx512|amx|amx_model if set (an error if this
+// CPU or OS lacks it), else the widest one the CPU supports (amx, avx512, avx2, scalar; never
+// amx_model). Returns false and sets the module error on a bad request.
 bool select_isa(Isa* out);
 
 // Worker threads for a launch: p.num_threads, or the hardware concurrency when <= 0, never

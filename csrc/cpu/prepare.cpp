@@ -23,8 +23,10 @@ namespace {
 
 const PrepareKernels& kernels_for(Isa isa) {
   switch (isa) {
+    case Isa::kAmx:  // prepare has no matrix products: the amx tier runs the avx512 prepare
     case Isa::kAvx512: return kPrepareAvx512;
     case Isa::kAvx2: return kPrepareAvx2;
+    case Isa::kAmxModel:  // the model tier must run anywhere: the portable prepare
     case Isa::kScalar: break;
   }
   return kPrepareScalar;

@@ -55,11 +55,17 @@ inline VF vf_exp2(VF x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// Q word `word` of one row: channels 4w..4w+3, offset to unsigned.
+// Q word `word` of one row: channels 4w..4w+3, offset to unsigned for vpdpbusd. The amx tier
+// (simd_amx.h) sets SAGE_CPU_SIGNED_Q_WORDS: tdpbssd takes signed bytes as they are.
+#ifdef SAGE_CPU_SIGNED_Q_WORDS
+constexpr uint32_t kQWordOffset = 0;
+#else
+constexpr uint32_t kQWordOffset = 0x80808080u;
+#endif
 inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   uint32_t w;
   memcpy(&w, q_row + word * kQkChansPerWord, 4);
-  return w ^ 0x80808080u;
+  return w ^ kQWordOffset;
 }
 // K words of one key (its 128 bytes as 32 words) and the offset correction 128 * sum(k).
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {

@@ -1,14 +1,24 @@
 // aiter_sage cpu attention, portable tier operand layer: plain C++ on 4-row "vectors" (the
 // compiler may map them onto SSE2). Same data flow as the SIMD tiers: Q.K^T on words of four
 // signed channels, P.V in FP32 one key per word, exp2 from libm.
+//
+// With SAGE_CPU_SCALAR_TILE_OPERANDS (the amx_model tier, simd_amx_model.h) the operands take
+// the amx tier's shapes instead: 16-row vectors (one tile row) and P.V on BF16 key pairs, P and
+// V as BF16 like the amx tier; Q/K words are already signed int8 x 4, as tdpbssd wants.
 
+#ifdef SAGE_CPU_SCALAR_TILE_OPERANDS
+constexpr int kLanes = 16;
+constexpr int kPvKeysPerWord = 2;
+using VElem = uint16_t;  // decoded V element: BF16 bits
+#else
 constexpr int kLanes = 4;
+constexpr int kPvKeysPerWord = 1;
+using VElem = float;
+#endif
 struct VF { float v[kLanes]; };
 struct VI { int32_t v[kLanes]; };
 
 constexpr int kQkChansPerWord = 4;
-constexpr int kPvKeysPerWord = 1;
-using VElem = float;
 
 #define SAGE_LANEWISE(expr)              \
   for (int i = 0; i < kLanes; ++i) expr; \
@@ -50,6 +60,26 @@ inline int32_t dot4_i8(uint32_t a, uint32_t b) {
 inline VI qk_fma(VI acc, VI q_words, uint32_t k_word) {
   VI r; SAGE_LANEWISE(r.v[i] = acc.v[i] + dot4_i8(uint32_t(q_words.v[i]), k_word));
 }
+#ifdef SAGE_CPU_SCALAR_TILE_OPERANDS
+// Lane r = (bf16 p0[r], bf16 p1[r]), rounded to nearest even.
+inline VI pack_p_words(const VF* p) {
+  VI r; SAGE_LANEWISE(r.v[i] = int32_t(uint32_t(sage::f32_to_bf16(p[0].v[i])) |
+                                        (uint32_t(sage::f32_to_bf16(p[1].v[i])) << 16)));
+}
+inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = acc.v[i] +
+                         sage::bf16_to_f32(sage_bf16_t(uint32_t(p_words.v[i]) & 0xffffu)) *
+                             sage::bf16_to_f32(sage_bf16_t(v_word & 0xffffu)) +
+                         sage::bf16_to_f32(sage_bf16_t(uint32_t(p_words.v[i]) >> 16)) *
+                             sage::bf16_to_f32(sage_bf16_t(v_word >> 16)));
+}
+#undef SAGE_LANEWISE
+// e4m3 bits -> BF16 bits (exact: e4m3 values fit BF16).
+inline VElem decode_v(uint8_t b) {
+  return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);
+}
+#else
 inline VI pack_p_words(const VF* p) {
   VI r; SAGE_LANEWISE(r.v[i] = __builtin_bit_cast(int32_t, p[0].v[i]));
 }
@@ -59,6 +89,7 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 }
 #undef SAGE_LANEWISE
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
+#endif
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
   for (int d = 0; d < SAGE_HEAD_DIM; ++d) dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
 }
