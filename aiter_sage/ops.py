@@ -129,6 +129,17 @@ def _padded(n):
     return (n + ref.SEQ_ALIGN - 1) // ref.SEQ_ALIGN * ref.SEQ_ALIGN
 
 
+def _size_hint():
+    """A function giving a SymInt's example value without adding a guard (its name and home
+    changed across torch releases)."""
+    from torch.fx.experimental import symbolic_shapes as sym
+
+    for name in ("optimization_hint", "hint_int"):
+        if hasattr(sym, name):
+            return getattr(sym, name)
+    return lambda d: d if isinstance(d, int) else int(d.node.hint)
+
+
 def _concrete(t):
     """A stand-in with the same dtype, device and layout but concrete sizes, for the binding's
     checks (C++ cannot read symbolic sizes); the tensor itself when its sizes are plain ints."""
@@ -137,8 +148,7 @@ def _concrete(t):
     dims = (*t.shape, *t.stride())
     if all(isinstance(d, int) for d in dims):
         return t
-    from torch.fx.experimental.symbolic_shapes import optimization_hint as hint  # no guards
-
+    hint = _size_hint()
     return torch.empty_strided(
         [hint(d) for d in t.shape], [hint(d) for d in t.stride()], dtype=t.dtype, device=t.device
     )
