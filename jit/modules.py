@@ -9,7 +9,7 @@ GPU_ARCHS that it lists; a module whose archs miss GPU_ARCHS is left to the JIT.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 GFX12_ARCHS = ("gfx1201", "gfx1200")
 
@@ -36,8 +36,13 @@ MODULES: dict[str, ModuleSpec] = {
             sources={
                 "hip": ("gfx12/prepare.hip",),
                 "emu": ("gfx12/prepare.hip",) + EMU_RUNTIME,
-                "cpu": ("cpu/prepare.cpp", "cpu/prepare_scalar.cpp", "cpu/prepare_avx2.cpp",
-                        "cpu/prepare_avx512.cpp", "cpu/cpu_runtime.cpp"),
+                "cpu": (
+                    "cpu/prepare.cpp",
+                    "cpu/prepare_scalar.cpp",
+                    "cpu/prepare_avx2.cpp",
+                    "cpu/prepare_avx512.cpp",
+                    "cpu/cpu_runtime.cpp",
+                ),
             },
             entry="sage_prepare_launch",
         ),
@@ -47,9 +52,15 @@ MODULES: dict[str, ModuleSpec] = {
             sources={
                 "hip": ("gfx12/attention.hip",),
                 "emu": ("gfx12/attention.hip",) + EMU_RUNTIME,
-                "cpu": ("cpu/attention.cpp", "cpu/attention_scalar.cpp", "cpu/attention_avx2.cpp",
-                        "cpu/attention_avx512.cpp", "cpu/attention_amx.cpp",
-                        "cpu/attention_amx_model.cpp", "cpu/cpu_runtime.cpp"),
+                "cpu": (
+                    "cpu/attention.cpp",
+                    "cpu/attention_scalar.cpp",
+                    "cpu/attention_avx2.cpp",
+                    "cpu/attention_avx512.cpp",
+                    "cpu/attention_amx.cpp",
+                    "cpu/attention_amx_model.cpp",
+                    "cpu/cpu_runtime.cpp",
+                ),
             },
             entry="sage_attention_launch",
         ),

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+
+import aiter_sage
+from aiter_sage import ref
+
 from common import (
     BACKENDS,
     norm_weights,
@@ -15,9 +19,6 @@ from common import (
     skip_no_hardware,
 )
 from test_gfx1201_sage_prepare import assert_prepared_equal
-
-import aiter_sage
-from aiter_sage import ref
 
 pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="no C++ compiler for the cpu backend")
 
@@ -47,14 +48,15 @@ def test_tier_prepare_bit_exact(tier):
     got = aiter_sage.gfx1201_sage_prepare(q, k, v, 0.09, *fused, backend="cpu")
     assert_prepared_equal(got, ref.prepare(q, k, v, 0.09, *fused))
     q, k, v = qkv(1, 257, 31, 2, seed=6)
-    assert_prepared_equal(aiter_sage.gfx1201_sage_prepare(q, k, v, 0.1, backend="cpu"),
-                          ref.prepare(q, k, v, 0.1))
+    assert_prepared_equal(
+        aiter_sage.gfx1201_sage_prepare(q, k, v, 0.1, backend="cpu"), ref.prepare(q, k, v, 0.1)
+    )
 
 
 def test_tier_attention_in_band(tier):
     q, k, v = qkv(1, 300, 257, 2, seed=7)
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
-    acc = ref.accuracy(out, ref.attention_fp32(q, k, v, 128 ** -0.5))
+    acc = ref.accuracy(out, ref.attention_fp32(q, k, v, 128**-0.5))
     assert ref.in_band(acc), acc
 
 
@@ -67,8 +69,12 @@ def test_tier_non_finite_inputs_agree_with_ref(tier, where):
     """Every tier makes exactly ref.py's rows non-finite, and its finite rows match ref's
     model (the SIMD max and exp2 used to drop a NaN score and return finite wrong rows)."""
     q, k, v = qkv(1, 128, 128, 1, seed=8)
-    tensor, value = {"k_neg_inf": (k, -float("inf")), "k_nan": (k, float("nan")),
-                     "q_nan": (q, float("nan")), "v_inf": (v, float("inf"))}[where]
+    tensor, value = {
+        "k_neg_inf": (k, -float("inf")),
+        "k_nan": (k, float("nan")),
+        "q_nan": (q, float("nan")),
+        "v_inf": (v, float("inf")),
+    }[where]
     tensor[0, 5, 0, 7] = value
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
     prep = ref.prepare(q, k, v)
@@ -118,8 +124,10 @@ def test_tier_results_do_not_depend_on_threads(tier):
 def test_unknown_tier_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("AITER_SAGE_CPU_ISA", "sse9")
     q, k, v = qkv(1, 8, 8, 1, seed=0)
-    with pytest.raises(RuntimeError, match="AITER_SAGE_CPU_ISA=sse9: expected scalar, avx2, "
-                                           "avx512, amx or amx_model"):
+    with pytest.raises(
+        RuntimeError,
+        match="AITER_SAGE_CPU_ISA=sse9: expected scalar, avx2, avx512, amx or amx_model",
+    ):
         aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
 
 
@@ -150,7 +158,7 @@ def test_amx_request_runs_or_is_a_clear_error(monkeypatch):
     has_amx = flags is not None and {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= flags
     if has_amx:
         out = _attention_with(monkeypatch, "amx", q, k, v)
-        assert ref.in_band(ref.accuracy(out, ref.attention_fp32(q, k, v, 128 ** -0.5)))
+        assert ref.in_band(ref.accuracy(out, ref.attention_fp32(q, k, v, 128**-0.5)))
     else:
         with pytest.raises(RuntimeError, match="AITER_SAGE_CPU_ISA=amx: this CPU .*the amx tier"):
             _attention_with(monkeypatch, "amx", q, k, v)

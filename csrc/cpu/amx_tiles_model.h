@@ -27,9 +27,9 @@ inline void model_require(bool ok, const char* what) {
 }
 
 inline void tile_configure_all(int rows, int colsb) {
-  model_require(rows >= 1 && rows <= kTileMaxRows && colsb >= 4 && colsb <= kTileMaxColsb &&
-                    colsb % 4 == 0,
-                "tile shape outside palette 1");
+  model_require(
+      rows >= 1 && rows <= kTileMaxRows && colsb >= 4 && colsb <= kTileMaxColsb && colsb % 4 == 0,
+      "tile shape outside palette 1");
   for (int t = 0; t < kTileRegs; ++t) {
     g_model_tiles.rows[t] = rows;
     g_model_tiles.colsb[t] = colsb;

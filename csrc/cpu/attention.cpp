@@ -21,11 +21,16 @@ namespace {
 
 const AttentionKernels& kernels_for(Isa isa) {
   switch (isa) {
-    case Isa::kAmx: return kAttentionAmx;
-    case Isa::kAmxModel: return kAttentionAmxModel;
-    case Isa::kAvx512: return kAttentionAvx512;
-    case Isa::kAvx2: return kAttentionAvx2;
-    case Isa::kScalar: break;
+    case Isa::kAmx:
+      return kAttentionAmx;
+    case Isa::kAmxModel:
+      return kAttentionAmxModel;
+    case Isa::kAvx512:
+      return kAttentionAvx512;
+    case Isa::kAvx2:
+      return kAttentionAvx2;
+    case Isa::kScalar:
+      break;
   }
   return kAttentionScalar;
 }
@@ -54,7 +59,7 @@ void run_attention(const SageParams& p, const AttentionKernels& k) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(p, "attention", sage::check_attention_params, [](const SageParams& params, Isa isa) {
-    run_attention(params, kernels_for(isa));
-  });
+  return guarded_launch(
+      p, "attention", sage::check_attention_params,
+      [](const SageParams& params, Isa isa) { run_attention(params, kernels_for(isa)); });
 }

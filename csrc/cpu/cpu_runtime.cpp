@@ -19,11 +19,16 @@ namespace sage_cpu {
 
 const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAmx: return "amx";
-    case Isa::kAmxModel: return "amx_model";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAmx:
+      return "amx";
+    case Isa::kAmxModel:
+      return "amx_model";
   }
   return "?";
 }
@@ -67,10 +72,14 @@ static bool cpu_has(Isa isa) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
   switch (isa) {
-    case Isa::kScalar: return true;
-    case Isa::kAmxModel: return true;
-    case Isa::kAmx: return cpu_has(Isa::kAvx512) && amx_usable();
-    case Isa::kAvx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kScalar:
+      return true;
+    case Isa::kAmxModel:
+      return true;
+    case Isa::kAmx:
+      return cpu_has(Isa::kAvx512) && amx_usable();
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case Isa::kAvx512:
       // The avx512 tier uses VNNI for Q.K^T and AVX512_BF16 for P.V (Zen 4+, Sapphire Rapids+).
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -87,11 +96,16 @@ bool select_isa(Isa* out) {
   const char* env = getenv("AITER_SAGE_CPU_ISA");
   if (env && *env) {
     Isa want;
-    if (!strcmp(env, "scalar")) want = Isa::kScalar;
-    else if (!strcmp(env, "avx2")) want = Isa::kAvx2;
-    else if (!strcmp(env, "avx512")) want = Isa::kAvx512;
-    else if (!strcmp(env, "amx")) want = Isa::kAmx;
-    else if (!strcmp(env, "amx_model")) want = Isa::kAmxModel;
+    if (!strcmp(env, "scalar"))
+      want = Isa::kScalar;
+    else if (!strcmp(env, "avx2"))
+      want = Isa::kAvx2;
+    else if (!strcmp(env, "avx512"))
+      want = Isa::kAvx512;
+    else if (!strcmp(env, "amx"))
+      want = Isa::kAmx;
+    else if (!strcmp(env, "amx_model"))
+      want = Isa::kAmxModel;
     else {
       sage::set_error("AITER_SAGE_CPU_ISA=%s: expected scalar, avx2, avx512, amx or amx_model",
                       env);
@@ -99,9 +113,10 @@ bool select_isa(Isa* out) {
     }
     if (!cpu_has(want)) {
       if (want == Isa::kAmx && cpu_has(Isa::kAvx512) && cpuid_has_amx())
-        sage::set_error("AITER_SAGE_CPU_ISA=amx: this CPU has AMX but the OS refused the tile "
-                        "data permission (arch_prctl ARCH_REQ_XCOMP_PERM): this process lacks "
-                        "the amx tier");
+        sage::set_error(
+            "AITER_SAGE_CPU_ISA=amx: this CPU has AMX but the OS refused the tile "
+            "data permission (arch_prctl ARCH_REQ_XCOMP_PERM): this process lacks "
+            "the amx tier");
       else
         sage::set_error("AITER_SAGE_CPU_ISA=%s: this CPU lacks the %s tier's instructions", env,
                         env);

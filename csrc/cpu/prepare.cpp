@@ -24,10 +24,13 @@ namespace {
 const PrepareKernels& kernels_for(Isa isa) {
   switch (isa) {
     case Isa::kAmx:  // prepare has no matrix products: the amx tier runs the avx512 prepare
-    case Isa::kAvx512: return kPrepareAvx512;
-    case Isa::kAvx2: return kPrepareAvx2;
+    case Isa::kAvx512:
+      return kPrepareAvx512;
+    case Isa::kAvx2:
+      return kPrepareAvx2;
     case Isa::kAmxModel:  // the model tier must run anywhere: the portable prepare
-    case Isa::kScalar: break;
+    case Isa::kScalar:
+      break;
   }
   return kPrepareScalar;
 }
@@ -44,9 +47,12 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
   parallel_slices(n1, resolve_threads(p.num_threads, n1), [&](int64_t lo, int64_t hi, int) {
     for (int64_t i = lo; i < hi; ++i) {
       const int64_t head = i / per_head, j = i % per_head;
-      if (j < q_blocks) k.qk_block(p, true, head, j);
-      else if (j < q_blocks + k_blocks) k.qk_block(p, false, head, j - q_blocks);
-      else k.v_scales(p, head);
+      if (j < q_blocks)
+        k.qk_block(p, true, head, j);
+      else if (j < q_blocks + k_blocks)
+        k.qk_block(p, false, head, j - q_blocks);
+      else
+        k.v_scales(p, head);
     }
   });
   const int64_t n2 = heads * v_chunks;
@@ -60,7 +66,7 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 
 SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(p, "prepare", sage::check_prepare_params, [](const SageParams& params, Isa isa) {
-    run_prepare(params, kernels_for(isa));
-  });
+  return guarded_launch(
+      p, "prepare", sage::check_prepare_params,
+      [](const SageParams& params, Isa isa) { run_prepare(params, kernels_for(isa)); });
 }

@@ -76,5 +76,6 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 }
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  for (int d = 0; d < SAGE_HEAD_DIM; ++d) dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
+  for (int d = 0; d < SAGE_HEAD_DIM; ++d)
+    dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
 }

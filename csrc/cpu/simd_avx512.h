@@ -45,7 +45,7 @@ inline VF vf_exp2(VF x) {
   x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
   VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VF f = _mm512_sub_ps(x, n);
-  VF p = _mm512_set1_ps(1.5403530393381606e-4f);                       // ln2^6 / 6!
+  VF p = _mm512_set1_ps(1.5403530393381606e-4f);                      // ln2^6 / 6!
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));  // ln2^5 / 5!
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));  // ln2^4 / 4!
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));  // ln2^3 / 3!
@@ -95,9 +95,9 @@ inline VI qk_fma(VI acc, VI q_words, uint32_t k_word) {
 // Two keys' P vectors -> one P word vector: lane r = (bf16 p0[r], bf16 p1[r]).
 inline VI pack_p_words(const VF* p) {
   __m512i both = (__m512i)_mm512_cvtne2ps_pbh(p[1], p[0]);  // [p0 rows 0..15 | p1 rows 0..15]
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                              24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                              16, 0);
+  const __m512i interleave =
+      _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                       21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   return _mm512_permutexvar_epi16(interleave, both);
 }
 inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
@@ -117,17 +117,19 @@ inline VElem decode_v(uint8_t b) {
 // Rounded with integer arithmetic (RNE, NaN kept quiet, == sage::f32_to_bf16): vcvtneps2bf16
 // would flush subnormal outputs to zero.
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4,
-                                                          3, 2, 1, 0),
-                                         _mm512_set1_epi32(col_stride));
+  const __m512i idx =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(col_stride));
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   for (int d = 0; d < SAGE_HEAD_DIM; d += 16) {
-    const __m512i u = _mm512_castps_si512(_mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4));
+    const __m512i u =
+        _mm512_castps_si512(_mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4));
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
     r = _mm512_srli_epi32(r, 16);
     const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    r = _mm512_mask_mov_epi32(r, nan,
+                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
     _mm256_storeu_si256((__m256i*)(dst + d), _mm512_cvtepi32_epi16(r));
   }
 }

@@ -15,33 +15,69 @@ constexpr int kLanes = 4;
 constexpr int kPvKeysPerWord = 1;
 using VElem = float;
 #endif
-struct VF { float v[kLanes]; };
-struct VI { int32_t v[kLanes]; };
+struct VF {
+  float v[kLanes];
+};
+struct VI {
+  int32_t v[kLanes];
+};
 
 constexpr int kQkChansPerWord = 4;
 
 #define SAGE_LANEWISE(expr)              \
   for (int i = 0; i < kLanes; ++i) expr; \
   return r
-inline VF vf_zero() { VF r; SAGE_LANEWISE(r.v[i] = 0.0f); }
-inline VF vf_set1(float x) { VF r; SAGE_LANEWISE(r.v[i] = x); }
-inline VF vf_load(const float* p) { VF r; SAGE_LANEWISE(r.v[i] = p[i]); }
-inline void vf_store(float* p, VF x) { for (int i = 0; i < kLanes; ++i) p[i] = x.v[i]; }
-inline VF vf_add(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] + b.v[i]); }
-inline VF vf_sub(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] - b.v[i]); }
-inline VF vf_mul(VF a, VF b) { VF r; SAGE_LANEWISE(r.v[i] = a.v[i] * b.v[i]); }
+inline VF vf_zero() {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = 0.0f);
+}
+inline VF vf_set1(float x) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = x);
+}
+inline VF vf_load(const float* p) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = p[i]);
+}
+inline void vf_store(float* p, VF x) {
+  for (int i = 0; i < kLanes; ++i) p[i] = x.v[i];
+}
+inline VF vf_add(VF a, VF b) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = a.v[i] + b.v[i]);
+}
+inline VF vf_sub(VF a, VF b) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = a.v[i] - b.v[i]);
+}
+inline VF vf_mul(VF a, VF b) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = a.v[i] * b.v[i]);
+}
 // NaN in either operand wins (a NaN score makes its row non-finite, as in ref.py).
 inline VF vf_max(VF a, VF b) {
   VF r;
   SAGE_LANEWISE(r.v[i] = (a.v[i] != a.v[i] || a.v[i] > b.v[i]) ? a.v[i] : b.v[i]);
 }
-inline VI vi_zero() { VI r; SAGE_LANEWISE(r.v[i] = 0); }
-inline VI vi_load(const uint32_t* p) { VI r; SAGE_LANEWISE(r.v[i] = int32_t(p[i])); }
-inline void vi_store(uint32_t* p, VI x) { for (int i = 0; i < kLanes; ++i) p[i] = uint32_t(x.v[i]); }
-inline VF vi_dot_to_f32(VI acc, int32_t correction) {
-  VF r; SAGE_LANEWISE(r.v[i] = float(acc.v[i] - correction));
+inline VI vi_zero() {
+  VI r;
+  SAGE_LANEWISE(r.v[i] = 0);
 }
-inline VF vf_exp2(VF x) { VF r; SAGE_LANEWISE(r.v[i] = exp2f(x.v[i])); }
+inline VI vi_load(const uint32_t* p) {
+  VI r;
+  SAGE_LANEWISE(r.v[i] = int32_t(p[i]));
+}
+inline void vi_store(uint32_t* p, VI x) {
+  for (int i = 0; i < kLanes; ++i) p[i] = uint32_t(x.v[i]);
+}
+inline VF vi_dot_to_f32(VI acc, int32_t correction) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = float(acc.v[i] - correction));
+}
+inline VF vf_exp2(VF x) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = exp2f(x.v[i]));
+}
 
 inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   uint32_t w;
@@ -58,13 +94,15 @@ inline int32_t dot4_i8(uint32_t a, uint32_t b) {
   return s;
 }
 inline VI qk_fma(VI acc, VI q_words, uint32_t k_word) {
-  VI r; SAGE_LANEWISE(r.v[i] = acc.v[i] + dot4_i8(uint32_t(q_words.v[i]), k_word));
+  VI r;
+  SAGE_LANEWISE(r.v[i] = acc.v[i] + dot4_i8(uint32_t(q_words.v[i]), k_word));
 }
 #ifdef SAGE_CPU_SCALAR_TILE_OPERANDS
 // Lane r = (bf16 p0[r], bf16 p1[r]), rounded to nearest even.
 inline VI pack_p_words(const VF* p) {
-  VI r; SAGE_LANEWISE(r.v[i] = int32_t(uint32_t(sage::f32_to_bf16(p[0].v[i])) |
-                                        (uint32_t(sage::f32_to_bf16(p[1].v[i])) << 16)));
+  VI r;
+  SAGE_LANEWISE(r.v[i] = int32_t(uint32_t(sage::f32_to_bf16(p[0].v[i])) |
+                                 (uint32_t(sage::f32_to_bf16(p[1].v[i])) << 16)));
 }
 inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
   VF r;
@@ -81,15 +119,18 @@ inline VElem decode_v(uint8_t b) {
 }
 #else
 inline VI pack_p_words(const VF* p) {
-  VI r; SAGE_LANEWISE(r.v[i] = __builtin_bit_cast(int32_t, p[0].v[i]));
+  VI r;
+  SAGE_LANEWISE(r.v[i] = __builtin_bit_cast(int32_t, p[0].v[i]));
 }
 inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
   const float vv = __builtin_bit_cast(float, v_word);
-  VF r; SAGE_LANEWISE(r.v[i] = acc.v[i] + __builtin_bit_cast(float, p_words.v[i]) * vv);
+  VF r;
+  SAGE_LANEWISE(r.v[i] = acc.v[i] + __builtin_bit_cast(float, p_words.v[i]) * vv);
 }
 #undef SAGE_LANEWISE
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
 #endif
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  for (int d = 0; d < SAGE_HEAD_DIM; ++d) dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
+  for (int d = 0; d < SAGE_HEAD_DIM; ++d)
+    dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
 }
