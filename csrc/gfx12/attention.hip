@@ -32,6 +32,22 @@
 namespace sage {
 namespace gfx12 {
 
+typedef float v2f32 __attribute__((ext_vector_type(2)));
+
+// Holds two floats in one 64-bit VGPR pair (an empty inline asm with a 64-bit "v" operand), so
+// x and y sit in consecutive VGPRs, i.e. in different VGPR banks (bank = VGPR index % 4). Two
+// v_mul_f32 dual-issue as one VOPD instruction only when their first sources lie in different
+// banks (and their destinations have different parity): with the rescale factor in both halves
+// of a pair, the even accumulator VGPRs take .x and the odd ones .y, and all 128 rescale
+// multiplies pair. As separate floats the allocator is free to (and did) put both copies in
+// the same bank. No effect on values; the emulator build is plain C++.
+SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
+#if defined(__HIP__) && !defined(SAGE_EMU)
+  asm("" : "+v"(x));
+#endif
+  return x;
+}
+
 struct AttnTraits {
   static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWaveSize;
@@ -256,29 +272,30 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
         if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid) x = 0.0f;
         p[j] = x;
       }
-      int w0 = sage_cvt_pk_fp8(p[0], p[1], 0, false);
+      part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+      // Both halves of each packed word are written, so the `old` operand (the register the
+      // v_cvt_pk_fp8_f32 writes in place) never reaches the result: p[0] / p[4], whose last
+      // use this is, instead of a zero that costs a v_mov per word.
+      int w0 = sage_cvt_pk_fp8(p[0], p[1], int(f32_bits(p[0])), false);
       w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
-      int w1 = sage_cvt_pk_fp8(p[4], p[5], 0, false);
+      int w1 = sage_cvt_pk_fp8(p[4], p[5], int(f32_bits(p[4])), false);
       w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
       tp.p8[kc][qb] = v2i32{w0, w1};
-      part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
     }
     const float psum = part[0] + part[1];
     ws.l[qb] = ws.l[qb] * alpha + psum;
     ws.m[qb] = m_new;
     // An EXEC-masked branch: lanes whose max did not move skip it, and the whole block is
     // skipped when no lane of the wave needs it (the common case after the first tiles).
-    // The same factor in a second register for the odd accumulator elements: two
-    // multiplies can only pair into one dual-issue VOPD instruction when their first
-    // operands sit in different VGPR banks (whether they do is up to the register allocator).
-    const float alpha_odd = sage_fmaxf(alpha, 0.0f);  // alpha >= 0 or NaN (NaN only if P is)
     if (alpha != 1.0f) {
+      // alpha in both VGPRs of a pair (different banks): even/odd multiplies pair into VOPD.
+      const v2f32 a2 = pin_vgpr_pair(v2f32{alpha, alpha});
 #pragma unroll
       for (int cb = 0; cb < T::kChannelBlocks; ++cb)
 #pragma unroll
         for (int j = 0; j < kFragElems; j += 2) {
-          ws.acc[qb][cb][j] *= alpha;
-          ws.acc[qb][cb][j + 1] *= alpha_odd;
+          ws.acc[qb][cb][j] *= a2.x;
+          ws.acc[qb][cb][j + 1] *= a2.y;
         }
     }
   }
