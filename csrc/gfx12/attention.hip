@@ -66,11 +66,18 @@ struct AttnTraits {
   static constexpr int kKeyChunks = kTileKeys / kWmmaDim;        // 2
   static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;      // 8 WMMA K-steps over channels
   static constexpr int kChannelBlocks = SAGE_HEAD_DIM / kWmmaDim;  // 8 accumulator tiles
-  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB
-  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB
-  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;     // 8 KiB
-  static constexpr int kStages = 2;                                 // double buffer: 16 KiB
+  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB of K codes
+  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB of V codes
+  // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
+  // tile is a per-lane base plus an immediate; V is not padded.
+  static constexpr int kKLdsBytes = kKLdsPaddedBytes;
+  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;      // 8496 B
+  static constexpr int kStages = 2;                                 // double buffer: 16992 B
   static constexpr int kLdsBytes = kStages * kStageBytes;
+  // Immediate strides of the V layout (v_lds_offset; op_tests/test_gfx12_layout.py): the next
+  // 16-channel block of the reads, the next staging slot (64 channels further) of the stores.
+  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);                     // 512
+  static constexpr int kVLdsStageSlotStride = v_lds_offset(kThreads * 16 / kVRowBytes, 0);  // 2048
   static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 x 16 B
   static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 x 16 B
 
@@ -78,6 +85,7 @@ struct AttnTraits {
                 "one Q scale per wave and one K scale per tile");
   static_assert(SAGE_SEQ_ALIGN % kTileKeys == 0 && SAGE_SEQ_ALIGN % kQueriesPerWave == 0,
                 "KV tiles and wave query blocks divide the padded sequence: in-bounds loads");
+  static_assert(kStageBytes % 16 == 0, "16-byte aligned LDS accesses in both stages");
   static_assert(kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
                     kVPiecesPerThread * 16 * kThreads == kVTileBytes,
                 "staging covers each tile exactly");
@@ -173,23 +181,40 @@ SAGE_DEVICE TileStage load_tile(const HeadView& hv, int tile) {
   return st;
 }
 
-template <class L>
-SAGE_DEVICE void store_tile(L* lds, int stage, const TileStage& st) {
+// Per-lane LDS byte offsets within a stage, computed once: inside the loop an access is
+// stage base + one of these + an immediate (the layouts are affine in the loop indices,
+// op_tests/test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
+// one per access.
+struct LdsLanes {
+  int k_read;   // K row tile_key(0, r), chunk 4h (chunk kc: + kc·kKLdsChunkStride, kk: + 8kk)
+  int v_read;   // V channel r, half h (channel block cb: + cb·kVLdsBlockStride)
+  int k_store;  // staging slot 0 of K (slot i: + i·kKLdsStageSlotStride)
+  int v_store;  // staging slot 0 of V (slot i: + i·kVLdsStageSlotStride)
+};
+
+SAGE_DEVICE LdsLanes make_lds_lanes() {
   using T = AttnTraits;
-  const int tid = sage_thread_id();
-  const int base = stage * T::kStageBytes;
+  const int lane = sage_lane_id(), tid = sage_thread_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+  const int piece = stage_piece(tid, 0, T::kThreads);
+  return LdsLanes{k_lds_padded_offset(tile_key(0, r), 4 * h),
+                  T::kKLdsBytes + v_lds_offset(r, h),
+                  k_lds_padded_offset(k_piece_row(piece), k_piece_chunk(piece)),
+                  T::kKLdsBytes + v_lds_offset(v_piece_channel(piece), v_piece_half(piece))};
+}
+
+SAGE_DEVICE int stage_base(int stage) { return stage * AttnTraits::kStageBytes; }
+
+template <class L>
+SAGE_DEVICE void store_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
+  using T = AttnTraits;
+  const int kb = stage_base(stage) + ll.k_store, vb = stage_base(stage) + ll.v_store;
 #pragma unroll
-  for (int i = 0; i < T::kKPiecesPerThread; ++i) {
-    const int piece = stage_piece(tid, i, T::kThreads);
-    sage_lds_store(lds, base + k_lds_offset(k_piece_row(piece), k_piece_chunk(piece)), st.k[i]);
-  }
+  for (int i = 0; i < T::kKPiecesPerThread; ++i)
+    sage_lds_store(lds, kb + i * kKLdsStageSlotStride, st.k[i]);
 #pragma unroll
-  for (int i = 0; i < T::kVPiecesPerThread; ++i) {
-    const int piece = stage_piece(tid, i, T::kThreads);
-    sage_lds_store(lds, base + T::kKTileBytes +
-                            v_lds_offset(v_piece_channel(piece), v_piece_half(piece)),
-                   st.v[i]);
-  }
+  for (int i = 0; i < T::kVPiecesPerThread; ++i)
+    sage_lds_store(lds, vb + i * T::kVLdsStageSlotStride, st.v[i]);
 }
 
 SAGE_DEVICE v2i32 lo64(u32x4 x) { return v2i32{int(x.x), int(x.y)}; }
@@ -205,12 +230,11 @@ struct TileP {
 // First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
 // `score_scale` = q_scale·k_scale; kMasked: tile keys >= `keys_valid` lie beyond kv_len.
 template <bool kMasked, class L>
-SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int keys_valid,
-                             WaveState& ws) {
+SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float score_scale,
+                             int keys_valid, WaveState& ws) {
   using T = AttnTraits;
   const int lane = sage_lane_id();
-  const int r = lane_idx(lane), h = lane_half(lane);
-  const int kbase = stage * T::kStageBytes;
+  const int kbase = stage_base(stage) + ll.k_read;
 
   // Sᵀ[kc][qb]: 16 keys x 16 queries, int32; lane = query r, keys tile_key(kc, 8h + j).
   v8i32 s[T::kKeyChunks][T::kQBlocks];
@@ -224,7 +248,7 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
       const u32x4 kfrag =
-          sage_lds_load<u32x4>(lds, kbase + k_lds_offset(tile_key(kc, r), 4 * h + kk / 2));
+          sage_lds_load<u32x4>(lds, kbase + kc * kKLdsChunkStride + 16 * (kk / 2));
 #pragma unroll
       for (int qb = 0; qb < T::kQBlocks; ++qb) {
         s[kc][qb] = sage_wmma_i32_iu8(lo64(kfrag), ws.q[qb][kk], s[kc][qb]);
@@ -307,15 +331,14 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
 // (high 8 bytes), exactly the keys its P bytes stand for. kMasked (the last tile): V bytes of
 // keys >= keys_valid become +0 — their P is 0, but 0 times a NaN left in the padding is not.
 template <bool kMasked, class L>
-SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const TileP& tp, int keys_valid,
-                               WaveState& ws) {
+SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, const TileP& tp,
+                               int keys_valid, WaveState& ws) {
   using T = AttnTraits;
-  const int lane = sage_lane_id();
-  const int r = lane_idx(lane), h = lane_half(lane);
-  const int vbase = stage * T::kStageBytes + T::kKTileBytes;
+  const int h = lane_half(sage_lane_id());
+  const int vbase = stage_base(stage) + ll.v_read;
 #pragma unroll
   for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
-    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + v_lds_offset(16 * cb + r, h));
+    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride);
     if (kMasked) vfrag = keep_first_bytes(vfrag, keys_valid - 16 * h);
 #pragma unroll
     for (int qb = 0; qb < T::kQBlocks; ++qb) {
@@ -338,6 +361,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   const bool has_queries = q0 < p.q_len;
 
   const HeadView hv = make_head_view(p, b, hd);
+  const LdsLanes ll = make_lds_lanes();
   const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
 
   // Start the first tile's loads before touching Q so their latencies overlap.
@@ -364,18 +388,18 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
       has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
   const float* k_scales = p.k_scale + qk_scale_offset(head, p.kv_len_pad, 0);
 
-  store_tile(lds, 0, st);
+  store_tile(lds, 0, ll, st);
   sage_barrier();
   // Main loop over full tiles. The next tile's global loads are issued after the scores, so
   // they are in flight during the P·V WMMAs without their 16 staging VGPRs being live during
   // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile.
   for (int t = 0; t + 1 < n_tiles; ++t) {
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<false>(lds, t & 1, score_scale, T::kTileKeys, ws);
+    const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, T::kTileKeys, ws);
     st = load_tile(hv, t + 1);
-    accumulate_pv<false>(lds, t & 1, tp, T::kTileKeys, ws);
+    accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
     // The other stage was last read in iteration t - 1, before the barrier that ended it.
-    store_tile(lds, (t + 1) & 1, st);
+    store_tile(lds, (t + 1) & 1, ll, st);
     sage_barrier();
   }
   {
@@ -384,8 +408,8 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     const int t = n_tiles - 1;
     const int keys_valid = int(p.kv_len) - t * T::kTileKeys;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<true>(lds, t & 1, score_scale, keys_valid, ws);
-    accumulate_pv<true>(lds, t & 1, tp, keys_valid, ws);
+    const TileP tp = score_tile<true>(lds, t & 1, ll, score_scale, keys_valid, ws);
+    accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
   }
 
   // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels
