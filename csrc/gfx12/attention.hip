@@ -348,6 +348,31 @@ SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, cons
   }
 }
 
+// The end of every main-loop iteration, for waves with and without queries alike: store the
+// next tile's staged K/V and wait for the whole workgroup (one barrier call site).
+template <class L>
+SAGE_DEVICE void stage_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
+  store_tile(lds, stage, ll, st);
+  sage_barrier();
+}
+
+// The output rows of a wave without queries that lie below out_rows: zeros, as the main
+// epilogue writes for rows in [q_len, out_rows).
+SAGE_DEVICE void store_zero_rows(const SageParams& p, int b, int hd, int q0) {
+  using T = AttnTraits;
+  const int lane = sage_lane_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    const int q = q0 + 16 * qb + r;
+    if (q >= p.out_rows) continue;
+    const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
+#pragma unroll
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb)
+      sage_gstore<u32x4>(p.out, 2 * (orow + 16 * cb + 8 * h), u32x4{0, 0, 0, 0});
+  }
+}
+
 SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   using T = AttnTraits;
   SAGE_LDS(u32x4, lds, T::kLdsBytes / 16);
@@ -356,9 +381,12 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   const int b = sage_block_id_z(), hd = sage_block_id_y();
   const int64_t head = head_index(p, b, hd);
   const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
-  // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) reads no Q and only
-  // helps stage K/V; its scores are zeros.
-  const bool has_queries = q0 < p.q_len;
+  // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
+  // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
+  // WMMA, so its SIMD's issue slots go to the other waves there (the sequence tail: at
+  // S = 513 three of the last group's four waves are such waves). Wave-uniform (one Q block
+  // per wave), made explicit with a readlane so that the branch is scalar, not EXEC-masked.
+  const bool has_queries = sage_readlane(int(q0 < p.q_len), 0) != 0;
 
   const HeadView hv = make_head_view(p, b, hd);
   const LdsLanes ll = make_lds_lanes();
@@ -392,15 +420,23 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   sage_barrier();
   // Main loop over full tiles. The next tile's global loads are issued after the scores, so
   // they are in flight during the P·V WMMAs without their 16 staging VGPRs being live during
-  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile.
-  for (int t = 0; t + 1 < n_tiles; ++t) {
-    const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, T::kTileKeys, ws);
-    st = load_tile(hv, t + 1);
-    accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
-    // The other stage was last read in iteration t - 1, before the barrier that ended it.
-    store_tile(lds, (t + 1) & 1, ll, st);
-    sage_barrier();
+  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile, reached by every wave at the same
+  // point (a wave without queries skips only the compute).
+  if (has_queries) {
+    for (int t = 0; t + 1 < n_tiles; ++t) {
+      const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
+      const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, T::kTileKeys, ws);
+      st = load_tile(hv, t + 1);
+      accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
+      // The other stage was last read in iteration t - 1, before the barrier that ended it.
+      stage_tile(lds, (t + 1) & 1, ll, st);
+    }
+  } else {
+    for (int t = 0; t + 1 < n_tiles; ++t) stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
+  }
+  if (!has_queries) {
+    store_zero_rows(p, b, hd, q0);
+    return;
   }
   {
     // The last tile always takes the masked path (full or not): choosing between two
