@@ -41,7 +41,11 @@ int main() {
   printf("],\"k_lds\":[");
   for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < 8; ++c)
     printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_offset(r, c));
-  printf("],\"v_lds\":[");
+  printf("],\"k_lds_padded\":{\"bytes\":%d,\"chunk_stride\":%d,\"slot_stride\":%d,\"off\":[",
+         kKLdsPaddedBytes, kKLdsChunkStride, kKLdsStageSlotStride);
+  for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < 8; ++c)
+    printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_padded_offset(r, c));
+  printf("]},\"v_lds\":[");
   for (int ch = 0; ch < 128; ++ch) for (int hf = 0; hf < 2; ++hf)
     printf("%s[%d,%d,%d]", ch || hf ? "," : "", ch, hf, v_lds_offset(ch, hf));
   printf("],\"stage\":[");
@@ -159,6 +163,51 @@ def test_k_lds_tile():
         for w in range(4):
             addrs = [off[st[(32 * w + l, s)]] for l in range(WAVE)]
             assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
+
+
+def test_k_lds_padded_tile():
+    """The padded K layout of the attention kernel: no overlap, conflict-free reads and
+    staging stores, and the affine identities that let the kernel use immediate offsets."""
+    d = layouts()
+    kp = d["k_lds_padded"]
+    off = {(r, c): o for r, c, o in kp["off"]}
+    vals = sorted(off.values())
+    assert len(set(vals)) == 32 * 8 and all(v % 16 == 0 for v in vals)
+    for r in range(32):  # each row is 128 contiguous bytes, rows in order, no overlap
+        assert [off[(r, c)] for c in range(8)] == [off[(r, 0)] + 16 * c for c in range(8)]
+        if r:
+            assert off[(r, 0)] >= off[(r - 1, 0)] + 128
+    assert kp["bytes"] == off[(31, 7)] + 16 == 4400
+    tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    for kc in range(2):
+        for m4 in range(4):
+            addrs = [off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)] for lane in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (kc, m4)
+            # lane base (kc = 0, first chunk) + an immediate
+            for lane in range(WAVE):
+                base = off[(tk[(0, lane % 16)], 4 * (lane // 16))]
+                assert off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)] == \
+                    base + kc * kp["chunk_stride"] + 16 * m4
+    st = {(t, s): (kr, kch) for t, s, _, kr, kch, _, _ in d["stage"]}
+    for s in range(2):
+        for w in range(4):
+            addrs = [off[st[(32 * w + l, s)]] for l in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
+        for t in range(128):
+            assert off[st[(t, s)]] == off[st[(t, 0)]] + s * kp["slot_stride"]
+
+
+def test_v_lds_tile_offsets_are_affine():
+    """What the kernel's immediate offsets rely on: channel block cb adds 512 bytes to the
+    read address of channel r, and staging slot s adds 2048 to the store address."""
+    d = layouts()
+    off = {(ch, hf): o for ch, hf, o in d["v_lds"]}
+    for cb in range(8):
+        for lane in range(WAVE):
+            assert off[(16 * cb + lane % 16, lane // 16)] == off[(lane % 16, lane // 16)] + 512 * cb
+    st = {(t, s): (vc, vh) for t, s, _, _, _, vc, vh in d["stage"]}
+    for t in range(128):
+        assert off[st[(t, 1)]] == off[st[(t, 0)]] + 2048
 
 
 def test_v_lds_tile():

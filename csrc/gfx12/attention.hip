@@ -32,6 +32,22 @@
 namespace sage {
 namespace gfx12 {
 
+typedef float v2f32 __attribute__((ext_vector_type(2)));
+
+// Holds two floats in one 64-bit VGPR pair (an empty inline asm with a 64-bit "v" operand), so
+// x and y sit in consecutive VGPRs, i.e. in different VGPR banks (bank = VGPR index % 4). Two
+// v_mul_f32 dual-issue as one VOPD instruction only when their first sources lie in different
+// banks (and their destinations have different parity): with the rescale factor in both halves
+// of a pair, the even accumulator VGPRs take .x and the odd ones .y, and all 128 rescale
+// multiplies pair. As separate floats the allocator is free to (and did) put both copies in
+// the same bank. No effect on values; the emulator build is plain C++.
+SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
+#if defined(__HIP__) && !defined(SAGE_EMU)
+  asm("" : "+v"(x));
+#endif
+  return x;
+}
+
 struct AttnTraits {
   static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWaveSize;
@@ -50,11 +66,18 @@ struct AttnTraits {
   static constexpr int kKeyChunks = kTileKeys / kWmmaDim;        // 2
   static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;      // 8 WMMA K-steps over channels
   static constexpr int kChannelBlocks = SAGE_HEAD_DIM / kWmmaDim;  // 8 accumulator tiles
-  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB
-  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB
-  static constexpr int kStageBytes = kKTileBytes + kVTileBytes;     // 8 KiB
-  static constexpr int kStages = 2;                                 // double buffer: 16 KiB
+  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB of K codes
+  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB of V codes
+  // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
+  // tile is a per-lane base plus an immediate; V is not padded.
+  static constexpr int kKLdsBytes = kKLdsPaddedBytes;
+  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;      // 8496 B
+  static constexpr int kStages = 2;                                 // double buffer: 16992 B
   static constexpr int kLdsBytes = kStages * kStageBytes;
+  // Immediate strides of the V layout (v_lds_offset; op_tests/test_gfx12_layout.py): the next
+  // 16-channel block of the reads, the next staging slot (64 channels further) of the stores.
+  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);                     // 512
+  static constexpr int kVLdsStageSlotStride = v_lds_offset(kThreads * 16 / kVRowBytes, 0);  // 2048
   static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 x 16 B
   static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 x 16 B
 
@@ -62,6 +85,7 @@ struct AttnTraits {
                 "one Q scale per wave and one K scale per tile");
   static_assert(SAGE_SEQ_ALIGN % kTileKeys == 0 && SAGE_SEQ_ALIGN % kQueriesPerWave == 0,
                 "KV tiles and wave query blocks divide the padded sequence: in-bounds loads");
+  static_assert(kStageBytes % 16 == 0, "16-byte aligned LDS accesses in both stages");
   static_assert(kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
                     kVPiecesPerThread * 16 * kThreads == kVTileBytes,
                 "staging covers each tile exactly");
@@ -157,23 +181,40 @@ SAGE_DEVICE TileStage load_tile(const HeadView& hv, int tile) {
   return st;
 }
 
-template <class L>
-SAGE_DEVICE void store_tile(L* lds, int stage, const TileStage& st) {
+// Per-lane LDS byte offsets within a stage, computed once: inside the loop an access is
+// stage base + one of these + an immediate (the layouts are affine in the loop indices,
+// op_tests/test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
+// one per access.
+struct LdsLanes {
+  int k_read;   // K row tile_key(0, r), chunk 4h (chunk kc: + kc·kKLdsChunkStride, kk: + 8kk)
+  int v_read;   // V channel r, half h (channel block cb: + cb·kVLdsBlockStride)
+  int k_store;  // staging slot 0 of K (slot i: + i·kKLdsStageSlotStride)
+  int v_store;  // staging slot 0 of V (slot i: + i·kVLdsStageSlotStride)
+};
+
+SAGE_DEVICE LdsLanes make_lds_lanes() {
   using T = AttnTraits;
-  const int tid = sage_thread_id();
-  const int base = stage * T::kStageBytes;
+  const int lane = sage_lane_id(), tid = sage_thread_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+  const int piece = stage_piece(tid, 0, T::kThreads);
+  return LdsLanes{k_lds_padded_offset(tile_key(0, r), 4 * h),
+                  T::kKLdsBytes + v_lds_offset(r, h),
+                  k_lds_padded_offset(k_piece_row(piece), k_piece_chunk(piece)),
+                  T::kKLdsBytes + v_lds_offset(v_piece_channel(piece), v_piece_half(piece))};
+}
+
+SAGE_DEVICE int stage_base(int stage) { return stage * AttnTraits::kStageBytes; }
+
+template <class L>
+SAGE_DEVICE void store_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
+  using T = AttnTraits;
+  const int kb = stage_base(stage) + ll.k_store, vb = stage_base(stage) + ll.v_store;
 #pragma unroll
-  for (int i = 0; i < T::kKPiecesPerThread; ++i) {
-    const int piece = stage_piece(tid, i, T::kThreads);
-    sage_lds_store(lds, base + k_lds_offset(k_piece_row(piece), k_piece_chunk(piece)), st.k[i]);
-  }
+  for (int i = 0; i < T::kKPiecesPerThread; ++i)
+    sage_lds_store(lds, kb + i * kKLdsStageSlotStride, st.k[i]);
 #pragma unroll
-  for (int i = 0; i < T::kVPiecesPerThread; ++i) {
-    const int piece = stage_piece(tid, i, T::kThreads);
-    sage_lds_store(lds, base + T::kKTileBytes +
-                            v_lds_offset(v_piece_channel(piece), v_piece_half(piece)),
-                   st.v[i]);
-  }
+  for (int i = 0; i < T::kVPiecesPerThread; ++i)
+    sage_lds_store(lds, vb + i * T::kVLdsStageSlotStride, st.v[i]);
 }
 
 SAGE_DEVICE v2i32 lo64(u32x4 x) { return v2i32{int(x.x), int(x.y)}; }
@@ -189,12 +230,11 @@ struct TileP {
 // First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
 // `score_scale` = q_scale·k_scale; kMasked: tile keys >= `keys_valid` lie beyond kv_len.
 template <bool kMasked, class L>
-SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int keys_valid,
-                             WaveState& ws) {
+SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float score_scale,
+                             int keys_valid, WaveState& ws) {
   using T = AttnTraits;
   const int lane = sage_lane_id();
-  const int r = lane_idx(lane), h = lane_half(lane);
-  const int kbase = stage * T::kStageBytes;
+  const int kbase = stage_base(stage) + ll.k_read;
 
   // Sᵀ[kc][qb]: 16 keys x 16 queries, int32; lane = query r, keys tile_key(kc, 8h + j).
   v8i32 s[T::kKeyChunks][T::kQBlocks];
@@ -208,7 +248,7 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
       const u32x4 kfrag =
-          sage_lds_load<u32x4>(lds, kbase + k_lds_offset(tile_key(kc, r), 4 * h + kk / 2));
+          sage_lds_load<u32x4>(lds, kbase + kc * kKLdsChunkStride + 16 * (kk / 2));
 #pragma unroll
       for (int qb = 0; qb < T::kQBlocks; ++qb) {
         s[kc][qb] = sage_wmma_i32_iu8(lo64(kfrag), ws.q[qb][kk], s[kc][qb]);
@@ -256,29 +296,30 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
         if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid) x = 0.0f;
         p[j] = x;
       }
-      int w0 = sage_cvt_pk_fp8(p[0], p[1], 0, false);
+      part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+      // Both halves of each packed word are written, so the `old` operand (the register the
+      // v_cvt_pk_fp8_f32 writes in place) never reaches the result: p[0] / p[4], whose last
+      // use this is, instead of a zero that costs a v_mov per word.
+      int w0 = sage_cvt_pk_fp8(p[0], p[1], int(f32_bits(p[0])), false);
       w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
-      int w1 = sage_cvt_pk_fp8(p[4], p[5], 0, false);
+      int w1 = sage_cvt_pk_fp8(p[4], p[5], int(f32_bits(p[4])), false);
       w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
       tp.p8[kc][qb] = v2i32{w0, w1};
-      part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
     }
     const float psum = part[0] + part[1];
     ws.l[qb] = ws.l[qb] * alpha + psum;
     ws.m[qb] = m_new;
     // An EXEC-masked branch: lanes whose max did not move skip it, and the whole block is
     // skipped when no lane of the wave needs it (the common case after the first tiles).
-    // The same factor in a second register for the odd accumulator elements: two
-    // multiplies can only pair into one dual-issue VOPD instruction when their first
-    // operands sit in different VGPR banks (whether they do is up to the register allocator).
-    const float alpha_odd = sage_fmaxf(alpha, 0.0f);  // alpha >= 0 or NaN (NaN only if P is)
     if (alpha != 1.0f) {
+      // alpha in both VGPRs of a pair (different banks): even/odd multiplies pair into VOPD.
+      const v2f32 a2 = pin_vgpr_pair(v2f32{alpha, alpha});
 #pragma unroll
       for (int cb = 0; cb < T::kChannelBlocks; ++cb)
 #pragma unroll
         for (int j = 0; j < kFragElems; j += 2) {
-          ws.acc[qb][cb][j] *= alpha;
-          ws.acc[qb][cb][j + 1] *= alpha_odd;
+          ws.acc[qb][cb][j] *= a2.x;
+          ws.acc[qb][cb][j + 1] *= a2.y;
         }
     }
   }
@@ -290,21 +331,45 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, float score_scale, int key
 // (high 8 bytes), exactly the keys its P bytes stand for. kMasked (the last tile): V bytes of
 // keys >= keys_valid become +0 — their P is 0, but 0 times a NaN left in the padding is not.
 template <bool kMasked, class L>
-SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const TileP& tp, int keys_valid,
-                               WaveState& ws) {
+SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, const TileP& tp,
+                               int keys_valid, WaveState& ws) {
   using T = AttnTraits;
-  const int lane = sage_lane_id();
-  const int r = lane_idx(lane), h = lane_half(lane);
-  const int vbase = stage * T::kStageBytes + T::kKTileBytes;
+  const int h = lane_half(sage_lane_id());
+  const int vbase = stage_base(stage) + ll.v_read;
 #pragma unroll
   for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
-    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + v_lds_offset(16 * cb + r, h));
+    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride);
     if (kMasked) vfrag = keep_first_bytes(vfrag, keys_valid - 16 * h);
 #pragma unroll
     for (int qb = 0; qb < T::kQBlocks; ++qb) {
       ws.acc[qb][cb] = sage_wmma_f32_fp8(lo64(vfrag), tp.p8[0][qb], ws.acc[qb][cb]);
       ws.acc[qb][cb] = sage_wmma_f32_fp8(hi64(vfrag), tp.p8[1][qb], ws.acc[qb][cb]);
     }
+  }
+}
+
+// The end of every main-loop iteration, for waves with and without queries alike: store the
+// next tile's staged K/V and wait for the whole workgroup (one barrier call site).
+template <class L>
+SAGE_DEVICE void stage_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
+  store_tile(lds, stage, ll, st);
+  sage_barrier();
+}
+
+// The output rows of a wave without queries that lie below out_rows: zeros, as the main
+// epilogue writes for rows in [q_len, out_rows).
+SAGE_DEVICE void store_zero_rows(const SageParams& p, int b, int hd, int q0) {
+  using T = AttnTraits;
+  const int lane = sage_lane_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    const int q = q0 + 16 * qb + r;
+    if (q >= p.out_rows) continue;
+    const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
+#pragma unroll
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb)
+      sage_gstore<u32x4>(p.out, 2 * (orow + 16 * cb + 8 * h), u32x4{0, 0, 0, 0});
   }
 }
 
@@ -316,11 +381,15 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   const int b = sage_block_id_z(), hd = sage_block_id_y();
   const int64_t head = head_index(p, b, hd);
   const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
-  // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) reads no Q and only
-  // helps stage K/V; its scores are zeros.
-  const bool has_queries = q0 < p.q_len;
+  // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
+  // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
+  // WMMA, so its SIMD's issue slots go to the other waves there (the sequence tail: at
+  // S = 513 three of the last group's four waves are such waves). Wave-uniform (one Q block
+  // per wave), made explicit with a readlane so that the branch is scalar, not EXEC-masked.
+  const bool has_queries = sage_readlane(int(q0 < p.q_len), 0) != 0;
 
   const HeadView hv = make_head_view(p, b, hd);
+  const LdsLanes ll = make_lds_lanes();
   const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
 
   // Start the first tile's loads before touching Q so their latencies overlap.
@@ -347,19 +416,27 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
       has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
   const float* k_scales = p.k_scale + qk_scale_offset(head, p.kv_len_pad, 0);
 
-  store_tile(lds, 0, st);
+  store_tile(lds, 0, ll, st);
   sage_barrier();
   // Main loop over full tiles. The next tile's global loads are issued after the scores, so
   // they are in flight during the P·V WMMAs without their 16 staging VGPRs being live during
-  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile.
-  for (int t = 0; t + 1 < n_tiles; ++t) {
-    const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<false>(lds, t & 1, score_scale, T::kTileKeys, ws);
-    st = load_tile(hv, t + 1);
-    accumulate_pv<false>(lds, t & 1, tp, T::kTileKeys, ws);
-    // The other stage was last read in iteration t - 1, before the barrier that ended it.
-    store_tile(lds, (t + 1) & 1, st);
-    sage_barrier();
+  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile, reached by every wave at the same
+  // point (a wave without queries skips only the compute).
+  if (has_queries) {
+    for (int t = 0; t + 1 < n_tiles; ++t) {
+      const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
+      const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, T::kTileKeys, ws);
+      st = load_tile(hv, t + 1);
+      accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
+      // The other stage was last read in iteration t - 1, before the barrier that ended it.
+      stage_tile(lds, (t + 1) & 1, ll, st);
+    }
+  } else {
+    for (int t = 0; t + 1 < n_tiles; ++t) stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
+  }
+  if (!has_queries) {
+    store_zero_rows(p, b, hd, q0);
+    return;
   }
   {
     // The last tile always takes the masked path (full or not): choosing between two
@@ -367,8 +444,8 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     const int t = n_tiles - 1;
     const int keys_valid = int(p.kv_len) - t * T::kTileKeys;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<true>(lds, t & 1, score_scale, keys_valid, ws);
-    accumulate_pv<true>(lds, t & 1, tp, keys_valid, ws);
+    const TileP tp = score_tile<true>(lds, t & 1, ll, score_scale, keys_valid, ws);
+    accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
   }
 
   // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels

@@ -66,6 +66,28 @@ SAGE_HD constexpr int k_lds_swizzle(int row) { return ((row >> 1) & 3) | ((row >
 SAGE_HD constexpr int k_lds_offset(int row, int chunk16) {
   return row * kKRowBytes + 16 * (chunk16 ^ k_lds_swizzle(row));
 }
+// K tile, padded instead of swizzled (what the attention kernel uses): row `row` starts
+// k_lds_row_pad(row) 16-byte slots after row * 128, and its 8 chunks follow in order. Unlike
+// the XOR swizzle above, a lane's chunk index then only ADDS to its address, so every K read of
+// a tile is one per-lane base plus an immediate offset (ds_load_b128 offset:N, no VALU):
+//  * reads: 16 lanes read rows tile_key(kc, 0..15) = {8kc..8kc+7, 16+8kc..16+8kc+7}, same
+//    chunk; their slots (8 row + pad(row) + chunk) mod 16 are {p..p+3, p+8..p+11} for the
+//    first 8 rows and the other 8 values for the next 8 (pad grows by 4 at row 16): distinct.
+//  * staging stores: 16 lanes = rows 2i, 2i+1 (same pad) x 8 chunks: slots pad + c and
+//    pad + 8 + c, c = 0..7: distinct.
+//  * rows never overlap (pad is non-decreasing), and the offsets are affine in the kernel's
+//    loop indices: chunk kc + 1 of the reads is kKLdsChunkStride further, staging slot s + 1
+//    kKLdsStageSlotStride further (op_tests/test_gfx12_layout.py checks both identities).
+SAGE_HD constexpr int k_lds_row_pad(int row) { return (row >> 1) + 4 * (row >> 4); }
+SAGE_HD constexpr int k_lds_padded_offset(int row, int chunk16) {
+  return row * kKRowBytes + 16 * (k_lds_row_pad(row) + chunk16);
+}
+constexpr int kKLdsChunkRows = 8;   // tile_key(kc + 1, m) = tile_key(kc, m) + 8
+constexpr int kKLdsStageRows = 16;  // k_piece_row(p + 128) = k_piece_row(p) + 16
+constexpr int kKLdsPaddedBytes = k_lds_padded_offset(kKTileKeys - 1, kKRowBytes / 16);  // 4400
+constexpr int kKLdsChunkStride = k_lds_padded_offset(kKLdsChunkRows, 0);      // 1088
+constexpr int kKLdsStageSlotStride = k_lds_padded_offset(kKLdsStageRows, 0);  // 2240
+
 // V tile: 128 channels x 32 key bytes (the transposed prepared layout), two 16-byte halves
 // per row; the half index is flipped for channels with bit 3 set, so that 16 lanes reading
 // channels r = 0..15 (same half) cover all 16 slots of a pass instead of 8 slots twice.
