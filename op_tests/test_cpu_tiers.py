@@ -41,6 +41,20 @@ def tier(request, monkeypatch):
     return request.param
 
 
+def test_tier_ignores_garbage_in_padded_keys(tier):
+    """Keys past kv_len hold NaN V codes and junk K: every tier (the BF16 key-pair tiers
+    included, whose last pair straddles kv_len) must give the clean output."""
+    q, k, v = qkv(1, 96, 96, 2, seed=10)
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+    clean = aiter_sage.gfx1201_sage_attention_fwd(*prep, 50, kv_len=45, backend="cpu")
+    dirty = [t.clone() for t in prep]
+    dirty[2][:, 45:] = 99
+    dirty[3][..., 2] = float("nan")
+    dirty[4].view(torch.uint8)[..., 45:] = 0x7F
+    got = aiter_sage.gfx1201_sage_attention_fwd(*dirty, 50, kv_len=45, backend="cpu")
+    assert torch.equal(got, clean)
+
+
 def test_tier_prepare_bit_exact(tier):
     s = 200
     q, k, v = qkv(2, s, s, 2, seed=5)
