@@ -434,6 +434,7 @@ def predict(
     queries_per_group: int = 128,
     rescale_executed: bool = True,
     kv_tile: int = 32,
+    compute_queries: int | None = None,
 ) -> Prediction:
     """Time of non-causal attention B x H x S x S x D from one kernel's main loop.
 
@@ -442,7 +443,11 @@ def predict(
     `waves_per_simd` waves interleaved: per wave-iteration it spends the issue clocks, unless a
     wave's exposed waits exceed what the other waves can fill. LDS and vector memory are shared
     resources: each wave-iteration needs its bytes at the WGP's / CU's rate. The slowest of
-    the three is the bound. Workgroups run in rounds of (WGPs x groups per WGP)."""
+    the three is the bound. Workgroups run in rounds of (WGPs x groups per WGP).
+
+    `compute_queries`: the query granule that does matrix work (default: the whole group).
+    Ours is 32: a wave whose 32 queries are all padding only stages K/V, and the model assumes
+    its issue slots go to the other waves of its SIMD (its loads and barriers are not charged)."""
     lp = k.loop
     if lp is None or lp.wmma == 0:
         raise ValueError(f"{k.name}: no WMMA main loop to model")
@@ -465,8 +470,10 @@ def predict(
         l2: "L2",
     }[per_iter]
     sq_pad = -(-s // queries_per_group) * queries_per_group
+    granule = compute_queries or queries_per_group
+    sq_compute = -(-s // granule) * granule
     skv_pad = -(-s // kv_tile) * kv_tile
-    wmmas = b * h * sq_pad * skv_pad * d * 4 / WMMA_OPS  # QK^T and PV, 2 ops per MAC
+    wmmas = b * h * sq_compute * skv_pad * d * 4 / WMMA_OPS  # QK^T and PV, 2 ops per MAC
     wave_iters = wmmas / lp.wmma
     simds = gpu.cus * 2
     # rounds: each SIMD holds w waves; a group of n waves spans the WGP's 4 SIMDs
@@ -602,6 +609,13 @@ def main(argv=None) -> int:
         default=128,
         help="queries one workgroup owns, for the model of a foreign kernel (ours: 128)",
     )
+    ap.add_argument(
+        "--compute-queries",
+        type=int,
+        default=None,
+        help="query granule that does matrix work (ours: 32, a query-less wave skips its "
+        "WMMAs; default for --source/--code-object: --queries-per-group)",
+    )
     ap.add_argument("--seq", type=int, default=16384, help="S for the model")
     args = ap.parse_args(argv)
     missing = [
@@ -615,7 +629,9 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.source or args.code_object:
+    foreign = bool(args.source or args.code_object)
+    compute_queries = args.compute_queries or (args.queries_per_group if foreign else 32)
+    if foreign:
         results = {}
         with tempfile.TemporaryDirectory() as tmp:
             for src in args.source:
@@ -638,6 +654,7 @@ def main(argv=None) -> int:
                         GPUS[args.model],
                         s=args.seq,
                         queries_per_group=args.queries_per_group,
+                        compute_queries=compute_queries,
                         rescale_executed=rescale,
                     )
                     print(format_prediction(k.name, pr))
@@ -648,6 +665,7 @@ def main(argv=None) -> int:
                         s=513,
                         h=24 * 32,
                         queries_per_group=args.queries_per_group,
+                        compute_queries=compute_queries,
                     ).seconds
                     / predict(
                         k,
@@ -655,6 +673,7 @@ def main(argv=None) -> int:
                         s=512,
                         h=24 * 32,
                         queries_per_group=args.queries_per_group,
+                        compute_queries=compute_queries,
                     ).seconds
                 )
                 print(f"    tail: S=513 costs {tail:.2f}x S=512 (H=768, so rounds are full)")
