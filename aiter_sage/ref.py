@@ -67,8 +67,14 @@ KERNEL_KV_TILE = 32
 
 # Accuracy band against the FP32 reference (random inputs): upstream's, plus a relative-L2
 # bound that sees a wrong output scale (cosine does not).
-BAND = dict(atol=0.3, rtol=0.25, max_outside=0.005, min_cosine=0.998, min_median_row_cosine=0.99,
-            max_rel_l2=0.06)
+BAND = dict(
+    atol=0.3,
+    rtol=0.25,
+    max_outside=0.005,
+    min_cosine=0.998,
+    min_median_row_cosine=0.99,
+    max_rel_l2=0.06,
+)
 
 
 class Prepared(NamedTuple):
@@ -214,9 +220,9 @@ def _pad_seq(x: torch.Tensor, s_pad: int) -> torch.Tensor:
 def to_int8_like_torch(t: torch.Tensor) -> torch.Tensor:
     """float32 integral values -> int8 as torch's .to(torch.int8) does on the CPU: through
     int32 (out of range and NaN give INT32_MIN), then the low byte."""
-    ok = torch.isfinite(t) & (t.abs() < 2.0 ** 31)
+    ok = torch.isfinite(t) & (t.abs() < 2.0**31)
     i32 = torch.where(ok, t, torch.zeros_like(t)).to(torch.int32)
-    i32 = torch.where(ok, i32, torch.full_like(i32, -(2 ** 31)))
+    i32 = torch.where(ok, i32, torch.full_like(i32, -(2**31)))
     return (i32 & 0xFF).to(torch.uint8).view(torch.int8)
 
 
@@ -249,13 +255,22 @@ def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out.view(torch.float8_e4m3fn), scale
 
 
-def prepare(q, k, v, softmax_scale=None, query_weight=None, key_weight=None, cosine=None,
-            sine=None, eps: float = 1e-6) -> Prepared:
+def prepare(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    query_weight=None,
+    key_weight=None,
+    cosine=None,
+    sine=None,
+    eps: float = 1e-6,
+) -> Prepared:
     """Reference prepare on BF16 [B, S, H, 128] inputs (any device; computed on the CPU).
 
     Same call form as the op; norm and RoPE are each optional (upstream: all four or none)."""
     if softmax_scale is None:
-        softmax_scale = HEAD_DIM ** -0.5
+        softmax_scale = HEAD_DIM**-0.5
     q, k, v = (t.detach().cpu() for t in (q, k, v))
     cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
     query_weight, key_weight, cosine, sine = map(cpu, (query_weight, key_weight, cosine, sine))
@@ -270,8 +285,13 @@ def prepare(q, k, v, softmax_scale=None, query_weight=None, key_weight=None, cos
 # ----------------------------------------------------------------------------------------------
 # Attention
 # ----------------------------------------------------------------------------------------------
-def attention_from_prepared(p: Prepared, q_len: int, kv_len: int | None = None,
-                            kv_tile: int = KERNEL_KV_TILE, fp8_p: bool = True) -> torch.Tensor:
+def attention_from_prepared(
+    p: Prepared,
+    q_len: int,
+    kv_len: int | None = None,
+    kv_tile: int = KERNEL_KV_TILE,
+    fp8_p: bool = True,
+) -> torch.Tensor:
     """The quantized attention, step by step. Returns BF16 [B, q_len, H, 128].
 
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
@@ -343,8 +363,13 @@ def accuracy(out: torch.Tensor, ref: torch.Tensor, atol=BAND["atol"], rtol=BAND[
     outside = ((o - r).abs() > atol + rtol * r.abs()).double().mean().item()
     row_cos = torch.nn.functional.cosine_similarity(o, r, dim=-1, eps=1e-30)
     finite = bool(torch.isfinite(o).all())
-    return dict(cosine=cos, rel_l2=rel_l2, outside=outside,
-                median_row_cosine=row_cos.median().item(), finite=finite)
+    return dict(
+        cosine=cos,
+        rel_l2=rel_l2,
+        outside=outside,
+        median_row_cosine=row_cos.median().item(),
+        finite=finite,
+    )
 
 
 def band_failures(acc: dict) -> list[str]:
@@ -353,8 +378,10 @@ def band_failures(acc: dict) -> list[str]:
         ("finite", acc["finite"]),
         (f"cosine >= {BAND['min_cosine']}", acc["cosine"] >= BAND["min_cosine"]),
         (f"outside <= {BAND['max_outside']}", acc["outside"] <= BAND["max_outside"]),
-        (f"median row cosine >= {BAND['min_median_row_cosine']}",
-         acc["median_row_cosine"] >= BAND["min_median_row_cosine"]),
+        (
+            f"median row cosine >= {BAND['min_median_row_cosine']}",
+            acc["median_row_cosine"] >= BAND["min_median_row_cosine"],
+        ),
         (f"relative L2 <= {BAND['max_rel_l2']}", acc["rel_l2"] <= BAND["max_rel_l2"]),
     ]
     return [name for name, ok in rules if not ok]

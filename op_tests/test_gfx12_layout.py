@@ -4,10 +4,10 @@ A tiny C++ program includes the header (plain host C++: the functions are SAGE_H
 every mapping; the checks here prove that each mapping covers its elements exactly once, that
 the LDS access patterns are bank-conflict free, and that the layouts compose as
 csrc/gfx12/README.md ("gfx12 WMMA facts") says: simulating the two WMMAs with those lane
-semantics, the Sᵀ accumulator of K·Qᵀ fed as the P operand of Vᵀ·Pᵀ gives exactly P·V. Runnable as a script or under pytest."""
+semantics, the Sᵀ accumulator of K·Qᵀ fed as the P operand of Vᵀ·Pᵀ gives exactly P·V.
+Runnable as a script or under pytest."""
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -88,14 +88,29 @@ def layouts():
         cxx = _compiler()
         if cxx is None:
             import pytest
+
             pytest.fail("no host C++ compiler (apt-get install g++)")
         with tempfile.TemporaryDirectory() as tmp:
             src, exe = Path(tmp) / "dump.cpp", Path(tmp) / "dump"
             src.write_text(DUMP_SRC)
-            subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(REPO / "csrc" / "include"),
-                            "-I", str(REPO / "csrc"), str(src), "-o", str(exe)], check=True)
-            _CACHE["d"] = json.loads(subprocess.run([str(exe)], check=True, capture_output=True,
-                                                    text=True).stdout)
+            subprocess.run(
+                [
+                    cxx,
+                    "-std=c++17",
+                    "-O1",
+                    "-I",
+                    str(REPO / "csrc" / "include"),
+                    "-I",
+                    str(REPO / "csrc"),
+                    str(src),
+                    "-o",
+                    str(exe),
+                ],
+                check=True,
+            )
+            _CACHE["d"] = json.loads(
+                subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+            )
     return _CACHE["d"]
 
 
@@ -124,7 +139,7 @@ def test_qk_channel_permutation():
     d = layouts()
     assert _bijective([ch for *_, ch in d["qk_channel"]], 128)
     # a lane's 8 K-steps are 64 contiguous channels: 4 x 16-byte loads
-    for kk, h, j, ch in d["qk_channel"]:
+    for _kk, h, _j, ch in d["qk_channel"]:
         assert 64 * h <= ch < 64 * h + 64
 
 
@@ -142,7 +157,7 @@ def _slot_conflicts(addresses, pass_bytes):
     """16-byte accesses: number of 16-lane groups that hit a 16-byte slot twice per pass."""
     bad = 0
     for g in range(0, len(addresses), 16):
-        slots = [(a % pass_bytes) // 16 for a in addresses[g:g + 16]]
+        slots = [(a % pass_bytes) // 16 for a in addresses[g : g + 16]]
         bad += len(slots) != len(set(slots))
     return bad
 
@@ -186,8 +201,10 @@ def test_k_lds_padded_tile():
             # lane base (kc = 0, first chunk) + an immediate
             for lane in range(WAVE):
                 base = off[(tk[(0, lane % 16)], 4 * (lane // 16))]
-                assert off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)] == \
-                    base + kc * kp["chunk_stride"] + 16 * m4
+                assert (
+                    off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)]
+                    == base + kc * kp["chunk_stride"] + 16 * m4
+                )
     st = {(t, s): (kr, kch) for t, s, _, kr, kch, _, _ in d["stage"]}
     for s in range(2):
         for w in range(4):
@@ -247,8 +264,9 @@ def _wmma(a_frag, b_frag, c_frag, d):
         B[r][c] = b_frag[lane][j]
     for lane, j, r, c in d["c"]:
         C[r][c] = c_frag[lane][j]
-    D = [[C[m][n] + sum(A[m][k] * B[k][n] for k in range(16)) for n in range(16)]
-         for m in range(16)]
+    D = [
+        [C[m][n] + sum(A[m][k] * B[k][n] for k in range(16)) for n in range(16)] for m in range(16)
+    ]
     out = [[0] * 8 for _ in range(WAVE)]
     for lane, j, r, c in d["c"]:
         out[lane][j] = D[r][c]
@@ -281,15 +299,21 @@ def test_scores_feed_pv_without_shuffles():
     for cb in range(8):  # Oᵀ = Vᵀ·Pᵀ: A = V channel 16cb + r, keys 16h.. (one 16-byte read)
         acc = [[0] * 8 for _ in range(WAVE)]
         for kc in range(2):
-            a = [[V[16 * (l // 16) + 8 * kc + j][16 * cb + l % 16] for j in range(8)]
-                 for l in range(WAVE)]
+            a = [
+                [V[16 * (l // 16) + 8 * kc + j][16 * cb + l % 16] for j in range(8)]
+                for l in range(WAVE)
+            ]
             acc = _wmma(a, P[kc], acc, d)  # P straight from the Sᵀ registers
         for lane in range(WAVE):
             q = lane % 16
             for j in range(8):
                 c = 16 * cb + 8 * (lane // 16) + j
-                want = sum(P[kc][l][jj] * V[tk[(kc, 8 * (l // 16) + jj)]][c]
-                           for kc in range(2) for l in (q, q + 16) for jj in range(8))
+                want = sum(
+                    P[kc][l][jj] * V[tk[(kc, 8 * (l // 16) + jj)]][c]
+                    for kc in range(2)
+                    for l in (q, q + 16)
+                    for jj in range(8)
+                )
                 assert acc[lane][j] == want
 
 

@@ -5,9 +5,10 @@ Q·Kᵀ, fp8 for P·V), no kernel uses scratch, and every kernel reaches the occ
 designed for (csrc/gfx12/README.md). Runnable as a script or under pytest."""
 
 import pytest
-from common import run_as_script
 
 from aiter_sage import isa, jit_driver
+
+from common import run_as_script
 
 ARCHS = ("gfx1201", "gfx1200")
 # Designed occupancy (waves per SIMD). Attention: 245 VGPRs -> 5 (264-VGPR allocation);
@@ -24,7 +25,10 @@ _TOOLS = ("llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler
 def _reports(arch):
     missing = [t for t in _TOOLS if not isa.tool(t)]
     if missing:
-        pytest.skip(f"LLVM tools missing: {', '.join(missing)} (apt-get install llvm-19 clang-tools-19: .ci/install does)")
+        pytest.skip(
+            f"LLVM tools missing: {', '.join(missing)} "
+            "(apt-get install llvm-19 clang-tools-19: .ci/install does)"
+        )
     try:
         built = isa.build_modules(arch)  # the JIT's own build for this arch
     except jit_driver.CompilerNotFound as e:

@@ -56,27 +56,27 @@ struct AttnTraits {
   // (the whole LDS bandwidth); 32 needs half. 64 would not fit: the FP32 accumulator alone is
   // 128 VGPRs at 32 queries.
   static constexpr int kQueriesPerWave = 32;
-  static constexpr int kQBlocks = kQueriesPerWave / kWmmaDim;    // 2
+  static constexpr int kQBlocks = kQueriesPerWave / kWmmaDim;        // 2
   static constexpr int kQueriesPerGroup = kWaves * kQueriesPerWave;  // 128
   // 32 keys per tile: the Sᵀ tile is 32 VGPRs and the per-thread staging of the next tile 16
   // VGPRs, which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile would need
   // ~50 more). One tile = one K scale block, and one wave = one Q scale block, so the score
   // scale q_scale·k_scale is a single wave-uniform float per tile.
-  static constexpr int kTileKeys = kKTileKeys;                   // 32
-  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;        // 2
-  static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;      // 8 WMMA K-steps over channels
+  static constexpr int kTileKeys = kKTileKeys;                     // 32
+  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;          // 2
+  static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;        // 8 WMMA K-steps over channels
   static constexpr int kChannelBlocks = SAGE_HEAD_DIM / kWmmaDim;  // 8 accumulator tiles
-  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;        // 4 KiB of K codes
-  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;    // 4 KiB of V codes
+  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;       // 4 KiB of K codes
+  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;   // 4 KiB of V codes
   // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
   // tile is a per-lane base plus an immediate; V is not padded.
   static constexpr int kKLdsBytes = kKLdsPaddedBytes;
-  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;      // 8496 B
-  static constexpr int kStages = 2;                                 // double buffer: 16992 B
+  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;  // 8496 B
+  static constexpr int kStages = 2;                             // double buffer: 16992 B
   static constexpr int kLdsBytes = kStages * kStageBytes;
   // Immediate strides of the V layout (v_lds_offset; op_tests/test_gfx12_layout.py): the next
   // 16-channel block of the reads, the next staging slot (64 channels further) of the stores.
-  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);                     // 512
+  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);                        // 512
   static constexpr int kVLdsStageSlotStride = v_lds_offset(kThreads * 16 / kVRowBytes, 0);  // 2048
   static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 x 16 B
   static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 x 16 B
@@ -120,7 +120,7 @@ struct TileStage {
 
 // Per-wave state: Q fragments, accumulators and softmax statistics of 32 queries.
 struct WaveState {
-  v2i32 q[AttnTraits::kQBlocks][AttnTraits::kQkSteps];         // 32 VGPRs
+  v2i32 q[AttnTraits::kQBlocks][AttnTraits::kQkSteps];          // 32 VGPRs
   v8f32 acc[AttnTraits::kQBlocks][AttnTraits::kChannelBlocks];  // 128 VGPRs: Oᵀ tiles
   float m[AttnTraits::kQBlocks];  // running max of t (log2 domain), same in both halves
   float l[AttnTraits::kQBlocks];  // running sum of P·448 over this half-wave's keys
@@ -197,8 +197,7 @@ SAGE_DEVICE LdsLanes make_lds_lanes() {
   const int lane = sage_lane_id(), tid = sage_thread_id();
   const int r = lane_idx(lane), h = lane_half(lane);
   const int piece = stage_piece(tid, 0, T::kThreads);
-  return LdsLanes{k_lds_padded_offset(tile_key(0, r), 4 * h),
-                  T::kKLdsBytes + v_lds_offset(r, h),
+  return LdsLanes{k_lds_padded_offset(tile_key(0, r), 4 * h), T::kKLdsBytes + v_lds_offset(r, h),
                   k_lds_padded_offset(k_piece_row(piece), k_piece_chunk(piece)),
                   T::kKLdsBytes + v_lds_offset(v_piece_channel(piece), v_piece_half(piece))};
 }
@@ -247,8 +246,7 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
-      const u32x4 kfrag =
-          sage_lds_load<u32x4>(lds, kbase + kc * kKLdsChunkStride + 16 * (kk / 2));
+      const u32x4 kfrag = sage_lds_load<u32x4>(lds, kbase + kc * kKLdsChunkStride + 16 * (kk / 2));
 #pragma unroll
       for (int qb = 0; qb < T::kQBlocks; ++qb) {
         s[kc][qb] = sage_wmma_i32_iu8(lo64(kfrag), ws.q[qb][kk], s[kc][qb]);
@@ -401,16 +399,15 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
     const int64_t row = qk8_offset(p.heads, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
-      const u32x4 x = has_queries ? sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0))
-                                  : u32x4{0, 0, 0, 0};
+      const u32x4 x =
+          has_queries ? sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0)) : u32x4{0, 0, 0, 0};
       ws.q[qb][kk] = lo64(x);
       ws.q[qb][kk + 1] = hi64(x);
     }
     ws.m[qb] = kNegInf;
     ws.l[qb] = 0.0f;
 #pragma unroll
-    for (int cb = 0; cb < T::kChannelBlocks; ++cb)
-      ws.acc[qb][cb] = v8f32{0, 0, 0, 0, 0, 0, 0, 0};
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb) ws.acc[qb][cb] = v8f32{0, 0, 0, 0, 0, 0, 0, 0};
   }
   const float q_scale =
       has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
@@ -471,11 +468,9 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
       for (int j = 0; j < kFragElems; j += 2) {
         const float o0 = ws.acc[qb][cb][j] * inv_l * bits_f32(sv[j]);
         const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
-        packed[j / 2] =
-            real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
+        packed[j / 2] = real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
       }
-      sage_gstore<u32x4>(p.out, 2 * (orow + c0),
-                         u32x4{packed[0], packed[1], packed[2], packed[3]});
+      sage_gstore<u32x4>(p.out, 2 * (orow + c0), u32x4{packed[0], packed[1], packed[2], packed[3]});
     }
   }
 }
@@ -493,8 +488,8 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   const unsigned q_groups =
       unsigned((p.q_len_pad + AttnTraits::kQueriesPerGroup - 1) / AttnTraits::kQueriesPerGroup);
   const sage_dim3 grid{q_groups, unsigned(p.heads), unsigned(p.batch)};
-  const int rc = sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads,
-                             stream, p);
+  const int rc =
+      sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads, stream, p);
   if (rc != 0) {
 #if !defined(SAGE_EMU)
     return sage::set_error("sage_attention_launch: kernel launch failed (hip error %d)", rc);

@@ -5,8 +5,9 @@
 // exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
 // accumulator of one WMMA is the P operand of the next).
 //
-// gfx12 wave32 WMMA 16x16x16 (csrc/gfx12/README.md, "gfx12 WMMA facts"): h = lane / 16, r = lane % 16, element j = 0..7 of
-// a lane's register vector (byte j of the v2i32 for 8-bit operands, VGPR j of C/D):
+// gfx12 wave32 WMMA 16x16x16 (csrc/gfx12/README.md, "gfx12 WMMA facts"): h = lane / 16, r = lane %
+// 16, element j = 0..7 of a lane's register vector (byte j of the v2i32 for 8-bit operands, VGPR j
+// of C/D):
 //   A (M x K): row r,      column 8h + j
 //   B (K x N): row 8h + j, column r
 //   C/D (M x N): row 8h + j, column r
@@ -85,8 +86,8 @@ SAGE_HD constexpr int k_lds_padded_offset(int row, int chunk16) {
 constexpr int kKLdsChunkRows = 8;   // tile_key(kc + 1, m) = tile_key(kc, m) + 8
 constexpr int kKLdsStageRows = 16;  // k_piece_row(p + 128) = k_piece_row(p) + 16
 constexpr int kKLdsPaddedBytes = k_lds_padded_offset(kKTileKeys - 1, kKRowBytes / 16);  // 4400
-constexpr int kKLdsChunkStride = k_lds_padded_offset(kKLdsChunkRows, 0);      // 1088
-constexpr int kKLdsStageSlotStride = k_lds_padded_offset(kKLdsStageRows, 0);  // 2240
+constexpr int kKLdsChunkStride = k_lds_padded_offset(kKLdsChunkRows, 0);                // 1088
+constexpr int kKLdsStageSlotStride = k_lds_padded_offset(kKLdsStageRows, 0);            // 2240
 
 // V tile: 128 channels x 32 key bytes (the transposed prepared layout), two 16-byte halves
 // per row; the half index is flipped for channels with bit 3 set, so that 16 lanes reading
@@ -100,16 +101,14 @@ SAGE_HD constexpr int v_lds_offset(int channel, int half16) {
 // moves in its load slot `slot` (consecutive threads take consecutive 16-byte pieces, so a
 // wave's global loads are contiguous).
 SAGE_HD constexpr int stage_piece(int tid, int slot, int threads) { return tid + slot * threads; }
-SAGE_HD constexpr int k_piece_row(int piece) { return piece >> 3; }     // key within tile
-SAGE_HD constexpr int k_piece_chunk(int piece) { return piece & 7; }    // 16-channel chunk
+SAGE_HD constexpr int k_piece_row(int piece) { return piece >> 3; }   // key within tile
+SAGE_HD constexpr int k_piece_chunk(int piece) { return piece & 7; }  // 16-channel chunk
 SAGE_HD constexpr int v_piece_channel(int piece) { return piece >> 1; }
-SAGE_HD constexpr int v_piece_half(int piece) { return piece & 1; }     // keys 16*half..+15
+SAGE_HD constexpr int v_piece_half(int piece) { return piece & 1; }  // keys 16*half..+15
 // Mask of the bytes of 32-bit word `word` (bytes 4*word .. 4*word+3 of a 16-byte piece) that
 // lie among the piece's first `n` bytes (n may be <= 0 or >= 16).
 SAGE_HD constexpr uint32_t first_bytes_mask(int word, int n) {
-  return n >= 4 * word + 4 ? 0xffffffffu
-         : n <= 4 * word   ? 0u
-                           : (1u << (8 * (n - 4 * word))) - 1u;
+  return n >= 4 * word + 4 ? 0xffffffffu : n <= 4 * word ? 0u : (1u << (8 * (n - 4 * word))) - 1u;
 }
 
 // ------------------------------------------------------------------ prepare: Q / K ------
