@@ -398,7 +398,8 @@ def test_torch_compile_fullgraph(backend):
 
 def test_backend_from_environment(monkeypatch):
     """AITER_SAGE_BACKEND picks the backend when a call passes none; backend= wins over it."""
-    assert "emu" in BACKENDS, "the emulator backend must be present (clang-19)"
+    if "emu" not in BACKENDS:  # under CI=true this skip is a failure (ci_policy.py)
+        pytest.skip("the emulator backend is not present (apt-get install clang-19)")
     q, k, v = qkv(1, 40, 40, 1, seed=94)
     monkeypatch.setenv("AITER_SAGE_BACKEND", "emu")
     via_env = aiter_sage.gfx1201_sage_attention(q, k, v)
