@@ -264,29 +264,11 @@ def test_upstream_call_forms(backend, monkeypatch):
     q, k, v = to_device(backend, *qkv(1, s, s, 2, seed=82))
     qw, kw, cos, sin = to_device(backend, *norm_weights(), *rope_tables(s, 96))
     positional = aiter.gfx1201_sage_attention(q, k, v, 0.088, qw, kw, cos, sin, 1e-5)
-    keywords = aiter.gfx1201_sage_attention(
-        query=q,
-        key=k,
-        value=v,
-        softmax_scale=0.088,
-        query_weight=qw,
-        key_weight=kw,
-        cosine=cos,
-        sine=sin,
-        eps=1e-5,
-    )
+    by_name = dict(query=q, key=k, value=v, softmax_scale=0.088, query_weight=qw,
+                   key_weight=kw, cosine=cos, sine=sin, eps=1e-5)  # fmt: skip
+    keywords = aiter.gfx1201_sage_attention(**by_name)
     op = torch.ops.aiter.gfx1201_sage_attention(q, k, v, 0.088, qw, kw, cos, sin, 1e-5)
-    op_kw = torch.ops.aiter.gfx1201_sage_attention(
-        query=q,
-        key=k,
-        value=v,
-        softmax_scale=0.088,
-        query_weight=qw,
-        key_weight=kw,
-        cosine=cos,
-        sine=sin,
-        eps=1e-5,
-    )
+    op_kw = torch.ops.aiter.gfx1201_sage_attention(**by_name)
     composed = aiter.gfx1201_sage_attention_fwd(
         *aiter.gfx1201_sage_prepare(q, k, v, 0.088, qw, kw, cos, sin, 1e-5), s
     )[:, :s]

@@ -218,33 +218,13 @@ def test_torch_op_positional_and_keyword_forms(backend):
     qw, kw, cos, sin = to_device(backend, *norm_weights(), *rope_tables(s, 32))
     op = torch.ops.aiter.gfx1201_sage_prepare
     pos = op(q, k, v, 0.1, qw, kw, cos, sin, 1e-5, backend=backend)
-    kws = op(
-        query=q,
-        key=k,
-        value=v,
-        softmax_scale=0.1,
-        query_weight=qw,
-        key_weight=kw,
-        cosine=cos,
-        sine=sin,
-        eps=1e-5,
-        backend=backend,
-    )
+    by_name = dict(query=q, key=k, value=v, softmax_scale=0.1, query_weight=qw, key_weight=kw,
+                   cosine=cos, sine=sin, eps=1e-5, backend=backend)  # fmt: skip
+    kws = op(**by_name)
     want = ref.prepare(q, k, v, 0.1, qw, kw, cos, sin, 1e-5)
     for got in (pos, kws):
         assert_prepared_equal(list(got[:4]) + [got[4].view(torch.float8_e4m3fn), got[5]], want)
-    py = aiter_sage.gfx1201_sage_prepare(
-        query=q,
-        key=k,
-        value=v,
-        softmax_scale=0.1,
-        query_weight=qw,
-        key_weight=kw,
-        cosine=cos,
-        sine=sin,
-        eps=1e-5,
-        backend=backend,
-    )
+    py = aiter_sage.gfx1201_sage_prepare(**by_name)
     assert_prepared_equal(py, want)
 
 

@@ -221,13 +221,26 @@ float checked_q_prescale(double softmax_scale) {
   return c;
 }
 
-struct PrepareShape {
-  int64_t B, H, Sq, Skv, Sq_pad, Skv_pad;
+// The problem size both ops check, and the one place it goes into a SageParams.
+struct Problem {
+  int64_t B, H, q_len, kv_len, Sq_pad, Skv_pad;
 };
 
+SageParams params_for(const Problem& pr) {
+  SageParams p{};
+  p.batch = int32_t(pr.B);
+  p.heads = int32_t(pr.H);
+  p.q_len = int32_t(pr.q_len);
+  p.kv_len = int32_t(pr.kv_len);
+  p.q_len_pad = int32_t(pr.Sq_pad);
+  p.kv_len_pad = int32_t(pr.Skv_pad);
+  p.num_threads = at::get_num_threads();
+  return p;
+}
+
 // Every check of prepare's arguments; with shapes_only the device may be meta (fakes).
-PrepareShape check_prepare_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                double softmax_scale, const NormRope& nr, bool shapes_only) {
+Problem check_prepare_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double softmax_scale, const NormRope& nr, bool shapes_only) {
   check_bshd(q, "query");
   check_bshd(k, "key");
   check_bshd(v, "value");
@@ -275,20 +288,14 @@ constexpr at::ScalarType kFp8Storage = at::kByte;
 PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
                               const at::Tensor& v_in, double softmax_scale, const NormRope& nr,
                               const std::optional<std::string>& backend_arg) {
-  const PrepareShape sh = check_prepare_args(q_in, k_in, v_in, softmax_scale, nr, false);
+  const Problem sh = check_prepare_args(q_in, k_in, v_in, softmax_scale, nr, false);
   const at::Device device = q_in.device();
   const std::string backend = requested_backend(backend_arg);
   const bool align = needs_alignment(device, backend);
   at::Tensor q = aligned_for(q_in, align), k = aligned_for(k_in, align),
              v = aligned_for(v_in, align);
 
-  SageParams p{};
-  p.batch = int32_t(sh.B);
-  p.heads = int32_t(sh.H);
-  p.q_len = int32_t(sh.Sq);
-  p.kv_len = int32_t(sh.Skv);
-  p.q_len_pad = int32_t(sh.Sq_pad);
-  p.kv_len_pad = int32_t(sh.Skv_pad);
+  SageParams p = params_for(sh);
   p.q_prescale = checked_q_prescale(softmax_scale);
   p.q = ptr_of<sage_bf16_t>(q);
   p.k = ptr_of<sage_bf16_t>(k);
@@ -329,7 +336,6 @@ PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.k_scale = k_scale.data_ptr<float>();
   p.v8 = reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
   p.v_scale = v_scale.data_ptr<float>();
-  p.num_threads = at::get_num_threads();
 
   launch(kPrepareModule, "sage_prepare_launch", device, backend, p);
   return {q8, q_scale, k8, k_scale, v8, v_scale};
@@ -352,13 +358,9 @@ void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
   check_device(t, name, device);
 }
 
-struct FwdShape {
-  int64_t B, H, Sq_pad, Skv_pad, q_len, kv_len;
-};
-
-FwdShape check_fwd_args(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
-                        const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
-                        int64_t seq_len, std::optional<int64_t> kv_len_arg, bool shapes_only) {
+Problem check_fwd_args(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
+                       const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
+                       int64_t seq_len, std::optional<int64_t> kv_len_arg, bool shapes_only) {
   TORCH_CHECK_VALUE(q8.dim() == 4 && k8.dim() == 4, "aiter_sage: prepared q_int8/k_int8 must be ",
                     "4-D [batch, seq_pad, heads, 128], got ", q8.sizes(), " and ", k8.sizes());
   const at::Device device = q8.device();
@@ -384,7 +386,7 @@ FwdShape check_fwd_args(const at::Tensor& q8, const at::Tensor& q_scale, const a
   check_prepared(k_scale, "k_scale", at::kFloat, {B, H, sage::scale_blocks(Skv_pad)}, device);
   check_prepared(v8, "v_fp8", kFp8Storage, {B, H, SAGE_HEAD_DIM, Skv_pad}, device);
   check_prepared(v_scale, "v_scale", at::kFloat, {B, H, SAGE_HEAD_DIM}, device);
-  return {B, H, Sq_pad, Skv_pad, seq_len, kv_len};
+  return {B, H, seq_len, kv_len, Sq_pad, Skv_pad};
 }
 
 // out_rows: q_len (the attention op) or the padded length (the raw fwd, upstream's shape).
@@ -393,8 +395,8 @@ at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
                        const at::Tensor& v8_in, const at::Tensor& v_scale_in, int64_t seq_len,
                        std::optional<int64_t> kv_len, bool padded_out,
                        const std::optional<std::string>& backend_arg) {
-  const FwdShape sh = check_fwd_args(q8_in, q_scale_in, k8_in, k_scale_in, v8_in, v_scale_in,
-                                     seq_len, kv_len, false);
+  const Problem sh = check_fwd_args(q8_in, q_scale_in, k8_in, k_scale_in, v8_in, v_scale_in,
+                                    seq_len, kv_len, false);
   const at::Device device = q8_in.device();
   const std::string backend = requested_backend(backend_arg);
   const bool align = needs_alignment(device, backend);
@@ -404,13 +406,7 @@ at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
   const int64_t out_rows = padded_out ? sh.Sq_pad : sh.q_len;
   at::Tensor out =
       at::empty({sh.B, out_rows, sh.H, SAGE_HEAD_DIM}, q8.options().dtype(at::kBFloat16));
-  SageParams p{};
-  p.batch = int32_t(sh.B);
-  p.heads = int32_t(sh.H);
-  p.q_len = int32_t(sh.q_len);
-  p.kv_len = int32_t(sh.kv_len);
-  p.q_len_pad = int32_t(sh.Sq_pad);
-  p.kv_len_pad = int32_t(sh.Skv_pad);
+  SageParams p = params_for(sh);
   p.q8 = const_cast<int8_t*>(ptr_of<int8_t>(q8));
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
@@ -420,7 +416,6 @@ at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
   p.out = reinterpret_cast<sage_bf16_t*>(out.data_ptr());
   p.out_rows = int32_t(out_rows);
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
-  p.num_threads = at::get_num_threads();
   launch(kAttentionModule, "sage_attention_launch", device, backend, p);
   return out;
 }
@@ -474,8 +469,7 @@ std::vector<std::vector<int64_t>> prepare_shapes(
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
     const std::optional<at::Tensor>& sine, double eps) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  const PrepareShape s =
-      check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
+  const Problem s = check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
   return {{s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM},  {s.B, s.H, sage::scale_blocks(s.Sq_pad)},
           {s.B, s.Skv_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Skv_pad)},
           {s.B, s.H, SAGE_HEAD_DIM, s.Skv_pad}, {s.B, s.H, SAGE_HEAD_DIM}};
@@ -485,7 +479,7 @@ std::vector<int64_t> fwd_shape(const at::Tensor& q8, const at::Tensor& q_scale,
                                const at::Tensor& k8, const at::Tensor& k_scale,
                                const at::Tensor& v8, const at::Tensor& v_scale, int64_t seq_len,
                                std::optional<int64_t> kv_len) {
-  const FwdShape s = check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
+  const Problem s = check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
   return {s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM};
 }
 
