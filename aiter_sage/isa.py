@@ -367,7 +367,7 @@ class GpuSpec:
 
 
 # Radeon AI PRO R9700 (Navi 48, gfx1201). Sources: AMD's product page for the R9700 (64 CUs,
-# 640 GB/s GDDR6, 383 TOPS dense INT8/FP8 as quoted in issue 11); the RX 9070 XT on the same
+# 640 GB/s GDDR6, 383 TOPS dense INT8/FP8); the RX 9070 XT on the same
 # Navi 48 die: 64 CUs, 256-bit GDDR6 at 20 Gbps = 640 GB/s (AMD launch specifications, e.g.
 # multiplayer.it/notizie/amd-radeon-rx-9070-xt-rx-9070-specifiche.html). The clock is the one
 # that makes the published TOPS consistent with 2048 dense 8-bit ops/clk/CU (see WMMA_CLOCKS):

@@ -46,7 +46,7 @@ def _check_arch(arch):
     # 32 queries x 32 keys per wave per tile: 2 x 2 x 8 WMMAs of each kind
     assert loop.wmma_iu8 == 32 and loop.wmma_fp8 == 32, loop
     assert loop.barrier <= 2 and loop.scratch == 0  # one s_barrier (signal + wait on gfx12)
-    # WMMA share budgets (csrc/gfx12/README.md): issue 11's 64 % with the rescale executed and
+    # WMMA share budgets (csrc/gfx12/README.md): the targets, 64 % with the rescale executed and
     # 74 % with it skipped (measured 68.3 % / 75.2 %).
     # The 128 accumulator multiplies are the skippable branch, dual-issued as 64 VOPD (alpha in
     # both VGPRs of a pair: different banks).

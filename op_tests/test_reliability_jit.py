@@ -1,4 +1,4 @@
-"""Reliability of the JIT driver (issue 16): awkward paths, unusable cache directories, build
+"""Reliability of the JIT driver: awkward paths, unusable cache directories, build
 locks held by other processes, atomic installation and the cache's validity check.
 
 Builds here use a one-line probe module (a fraction of a second each) and, where overlap
