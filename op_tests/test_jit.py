@@ -47,12 +47,14 @@ def builds(monkeypatch):
     return count
 
 
-def make_probe(root: Path, value: int):
+def make_probe(root: Path, value: int, name: str = "probe_module"):
+    """A one-file cpu module under `root` whose launch returns `value` (shared with
+    test_reliability_jit.py)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "probe.cpp").write_text(PROBE)
     (root / "probe.h").write_text(f"#define PROBE_VALUE {value}\n")
     return MODULES.ModuleSpec(
-        name="probe_module",
+        name=name,
         archs=(),
         sources={"cpu": ("probe.cpp",)},
         entry="sage_probe_launch",
@@ -61,6 +63,7 @@ def make_probe(root: Path, value: int):
 
 
 def call_probe(so: Path) -> int:
+    """Loads `so` (a path this process has not loaded before: dlopen would reuse a mapping)."""
     return ctypes.CDLL(str(so)).sage_probe_launch(None, None)
 
 

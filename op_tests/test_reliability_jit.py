@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 import pytest
+from test_jit import call_probe
+from test_jit import make_probe as _make_probe
 
 from aiter_sage import jit_driver
 
@@ -31,31 +33,10 @@ from common import REPO, run_as_script
 MODULES = jit_driver.module_table()
 DRIVER_FILE = REPO / "aiter_sage" / "jit_driver.py"
 
-PROBE = """
-#include "sage/module_abi.h"
-#include "probe.h"
-SAGE_DEFINE_MODULE_ABI("reliability_probe target=cpu")
-SAGE_EXPORT int sage_probe_launch(const SageParams*, void*) { return PROBE_VALUE; }
-"""
-
 
 # ------------------------------------------------------------------------------ helpers
-def make_probe(root: Path, value: int, name: str = "reliability_probe"):
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "probe.cpp").write_text(PROBE)
-    (root / "probe.h").write_text(f"#define PROBE_VALUE {value}\n")
-    return MODULES.ModuleSpec(
-        name=name,
-        archs=(),
-        sources={"cpu": ("probe.cpp",)},
-        entry="sage_probe_launch",
-        root=str(root),
-    )
-
-
-def call_probe(so: Path) -> int:
-    """Loads `so` (a path this process has not loaded before: dlopen would reuse a mapping)."""
-    return ctypes.CDLL(str(so)).sage_probe_launch(None, None)
+def make_probe(root: Path, value: int):
+    return _make_probe(root, value, name="reliability_probe")
 
 
 def sha256(path: Path) -> str:
