@@ -114,9 +114,9 @@ def binding():
 
 
 # ----------------------------------------------------------------------------------------------
-# Fake (meta) implementations: the binding's own argument checks (prepare_shapes, fwd_shape,
-# attention_shape) on the fake tensors, so torch.compile and mixed-device calls obey the
-# same rules as the kernels; then empty outputs of the checked shapes.
+# Fake (meta) implementations: the binding's own argument checks (check_*_meta) on the fake
+# tensors, so torch.compile and mixed-device calls obey the same rules as the kernels; then
+# empty outputs whose shapes stay symbolic.
 # ----------------------------------------------------------------------------------------------
 def _check_backend_name(backend) -> None:
     name = backend or os.environ.get("AITER_SAGE_BACKEND", "")
@@ -170,7 +170,7 @@ def _register_fakes(binding) -> None:
         backend=None,
     ):
         _check_backend_name(backend)
-        binding.prepare_shapes(
+        binding.check_prepare_meta(
             *map(_concrete, (query, key, value)),
             softmax_scale,
             *map(_concrete, (query_weight, key_weight, cosine, sine)),
@@ -194,7 +194,7 @@ def _register_fakes(binding) -> None:
     ):
         _check_backend_name(backend)
         prepared = (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)
-        binding.fwd_shape(*map(_concrete, prepared), seq_len, kv_len)
+        binding.check_fwd_meta(*map(_concrete, prepared), seq_len, kv_len)
         return q_int8.new_empty(q_int8.shape, dtype=torch.bfloat16)
 
     @torch.library.register_fake("aiter::gfx1201_sage_attention")
@@ -213,7 +213,7 @@ def _register_fakes(binding) -> None:
         backend=None,
     ):
         _check_backend_name(backend)
-        binding.attention_shape(
+        binding.check_attention_meta(
             *map(_concrete, (query, key, value)),
             softmax_scale,
             *map(_concrete, (query_weight, key_weight, cosine, sine)),

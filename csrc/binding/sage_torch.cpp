@@ -108,7 +108,7 @@ void launch(const char* name, const char* entry, const at::Device& device,
 // ---------------------------------------------------------------------------------------------
 // Validation: every message names the argument and the problem. These checks read only
 // metadata (dtype, shape, strides, device), so the fake implementations call the same
-// functions on meta/fake tensors (prepare_shapes / fwd_shapes below): one set of rules.
+// functions on meta/fake tensors (the check_*_meta functions below): one set of rules.
 // ---------------------------------------------------------------------------------------------
 void check_device(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK_VALUE(t.device() == device, "aiter_sage: ", name, " is on ", t.device(),
@@ -462,38 +462,32 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
   return fwd_checked(q8, qs, k8, ks, v8, vs, query.size(1), key.size(1), false, backend);
 }
 
-// Shape functions for the fake implementations: the same checks, output shapes back.
-std::vector<std::vector<int64_t>> prepare_shapes(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
-    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps) {
-  NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  const Problem s = check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
-  return {{s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM},  {s.B, s.H, sage::scale_blocks(s.Sq_pad)},
-          {s.B, s.Skv_pad, s.H, SAGE_HEAD_DIM}, {s.B, s.H, sage::scale_blocks(s.Skv_pad)},
-          {s.B, s.H, SAGE_HEAD_DIM, s.Skv_pad}, {s.B, s.H, SAGE_HEAD_DIM}};
-}
-
-std::vector<int64_t> fwd_shape(const at::Tensor& q8, const at::Tensor& q_scale,
-                               const at::Tensor& k8, const at::Tensor& k_scale,
-                               const at::Tensor& v8, const at::Tensor& v_scale, int64_t seq_len,
-                               std::optional<int64_t> kv_len) {
-  const Problem s = check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
-  return {s.B, s.Sq_pad, s.H, SAGE_HEAD_DIM};
-}
-
-std::vector<int64_t> attention_shape(const at::Tensor& query, const at::Tensor& key,
-                                     const at::Tensor& value, std::optional<double> softmax_scale,
-                                     const std::optional<at::Tensor>& query_weight,
-                                     const std::optional<at::Tensor>& key_weight,
-                                     const std::optional<at::Tensor>& cosine,
-                                     const std::optional<at::Tensor>& sine, double eps,
-                                     bool is_causal) {
-  check_attention_options(is_causal);
+// The fake implementations' checks: the same rules on meta/fake tensors. The fakes derive the
+// output shapes themselves, symbolically, so these only raise.
+void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                        std::optional<double> softmax_scale,
+                        const std::optional<at::Tensor>& query_weight,
+                        const std::optional<at::Tensor>& key_weight,
+                        const std::optional<at::Tensor>& cosine,
+                        const std::optional<at::Tensor>& sine, double eps) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
-  return query.sizes().vec();
+}
+
+void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                          std::optional<double> softmax_scale,
+                          const std::optional<at::Tensor>& query_weight,
+                          const std::optional<at::Tensor>& key_weight,
+                          const std::optional<at::Tensor>& cosine,
+                          const std::optional<at::Tensor>& sine, double eps, bool is_causal) {
+  check_attention_options(is_causal);
+  check_prepare_meta(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps);
+}
+
+void check_fwd_meta(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
+                    const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
+                    int64_t seq_len, std::optional<int64_t> kv_len) {
+  check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
 }
 
 // Upstream's arguments, in upstream's order, with upstream's defaults.
@@ -541,9 +535,9 @@ void register_ops() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "aiter_sage torch binding (ops are registered by register_ops())";
   m.def("register_ops", &register_ops);
-  m.def("prepare_shapes", &prepare_shapes);
-  m.def("fwd_shape", &fwd_shape);
-  m.def("attention_shape", &attention_shape);
+  m.def("check_prepare_meta", &check_prepare_meta);
+  m.def("check_attention_meta", &check_attention_meta);
+  m.def("check_fwd_meta", &check_fwd_meta);
   m.def("set_module_resolver", [](py::object fn) {
     if (!g_resolver) g_resolver = new py::object();
     *g_resolver = std::move(fn);
