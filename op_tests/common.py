@@ -84,5 +84,19 @@ def to_device(backend, *tensors):
     return tuple(None if t is None else t.to(dev) for t in tensors)
 
 
+def with_garbage_padding(prepared, q_len: int, kv_len: int) -> list:
+    """Copies of prepared tensors (rows >= 64 padding on both sides) whose padding holds
+    junk: Q/K codes, NaN scales of the all-padding blocks, e4m3 NaN V codes past kv_len. An
+    attention that masks correctly gives the same output as on the clean tensors."""
+    assert q_len <= 64 and kv_len <= 64 and prepared[0].shape[1] > 64
+    dirty = [t.clone() for t in prepared]
+    dirty[0][:, q_len:] = -100
+    dirty[1][..., 2] = float("nan")
+    dirty[2][:, kv_len:] = 99
+    dirty[3][..., 2] = float("nan")
+    dirty[4].view(torch.uint8)[..., kv_len:] = 0x7F
+    return dirty
+
+
 def run_as_script(file: str) -> None:
     sys.exit(pytest.main([file, "-q", *sys.argv[1:]]))

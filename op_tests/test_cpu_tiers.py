@@ -17,6 +17,7 @@ from common import (
     rope_tables,
     run_as_script,
     skip_no_hardware,
+    with_garbage_padding,
 )
 from test_gfx1201_sage_prepare import assert_prepared_equal
 
@@ -42,15 +43,12 @@ def tier(request, monkeypatch):
 
 
 def test_tier_ignores_garbage_in_padded_keys(tier):
-    """Keys past kv_len hold NaN V codes and junk K: every tier (the BF16 key-pair tiers
-    included, whose last pair straddles kv_len) must give the clean output."""
+    """Padding holds NaN V codes, junk K/Q and NaN scales: every tier (the BF16 key-pair
+    tiers included, whose last pair straddles kv_len) must give the clean output."""
     q, k, v = qkv(1, 96, 96, 2, seed=10)
     prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
     clean = aiter_sage.gfx1201_sage_attention_fwd(*prep, 50, kv_len=45, backend="cpu")
-    dirty = [t.clone() for t in prep]
-    dirty[2][:, 45:] = 99
-    dirty[3][..., 2] = float("nan")
-    dirty[4].view(torch.uint8)[..., 45:] = 0x7F
+    dirty = with_garbage_padding(prep, 50, 45)
     got = aiter_sage.gfx1201_sage_attention_fwd(*dirty, 50, kv_len=45, backend="cpu")
     assert torch.equal(got, clean)
 

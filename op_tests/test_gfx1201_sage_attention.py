@@ -22,6 +22,7 @@ from common import (
     rope_tables,
     run_as_script,
     to_device,
+    with_garbage_padding,
 )
 
 SCALE = 128**-0.5
@@ -175,12 +176,7 @@ def test_padding_garbage_does_not_change_the_output(backend):
     q, k, v = to_device(backend, *qkv(1, 96, 96, 2, seed=43))
     prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=backend)
     clean = aiter_sage.gfx1201_sage_attention_fwd(*prep, sq, kv_len=skv, backend=backend)
-    dirty = [t.clone() for t in prep]
-    dirty[0][:, sq:] = -100
-    dirty[1][..., 2] = float("nan")
-    dirty[2][:, skv:] = 99
-    dirty[3][..., 2] = float("nan")
-    dirty[4].view(torch.uint8)[..., skv:] = 0x7F  # e4m3 NaN
+    dirty = with_garbage_padding(prep, sq, skv)
     got = aiter_sage.gfx1201_sage_attention_fwd(*dirty, sq, kv_len=skv, backend=backend)
     assert torch.equal(got, clean)
 
