@@ -42,6 +42,29 @@ Attention (log2 domain; the kernels follow the same steps, their tile sizes may 
   * P8 = e4m3fn(P'); acc = acc * alpha + P8 . V8 with FP32 accumulation of exact products.
   * O = acc / l * s_v, rounded to BF16. Rows >= the query length are zero in the
     padded output of ``gfx1201_sage_attention_fwd``.
+
+Contract v2 (keyword-only options; each default is upstream's behaviour)
+  * Head dim D: any multiple of 8 up to 128. Prepare zero-pads the channels to the kernel head
+    dim Dp (64 for D <= 64, else 128): prepared Q/K are [B, S_pad, H, Dp], V [B, H, Dp, S_pad],
+    V scales [B, H, Dp]; padded channels are zero codes with scale 0. The default
+    softmax_scale is D**-0.5 (the real D); the output has D channels. Fused RMSNorm needs D a
+    multiple of 32 (the pinned order runs D / 32 rounds) and normalises over the D channels;
+    rope_dim is a multiple of 32 up to D.
+  * FP16 inputs: read exactly; RMSNorm and RoPE round to FP16 where BF16 inputs round to BF16
+    (F.rms_norm keeps the input dtype); the norm weights share the input dtype. The output has
+    the input dtype (``gfx1201_sage_attention_fwd``: BF16 unless out_dtype says FP16).
+  * GQA/MQA: query head h reads key/value head h // (Hq / Hkv); prepared K/V keep Hkv heads.
+  * Causal (top-left, as SDPA's is_causal): query row i sees keys j <= i (and j < kv_len).
+    A tile a row sees no key of leaves its state untouched (alpha = 1, no P), which is what
+    skipping it does.
+  * K smoothing: mean = the per-(batch, head, channel) FP32 mean of K' over the real keys in
+    the pinned order of :func:`k_mean` (32 strided partial sums, then the partials in turn,
+    then / kv_len); K is quantized as float32(K' - mean). Scores are unchanged up to a
+    per-row constant, so the softmax is too.
+  * LSE (natural log, FP32 [B, Hq, Sq]): ln2 * (m + log2(l) - EXP_OFFSET + corr) from the
+    online softmax's final m and l (l sums P' = P * 2^EXP_OFFSET). With smoothing, corr =
+    q_scale * (q8 . mean) adds back the term the smoothing took out, so the LSE is that of
+    the unsmoothed scores t = q_scale * q8 . (k_scale * k8 + mean); without it corr = 0.
 """
 
 from __future__ import annotations
@@ -51,7 +74,12 @@ from typing import NamedTuple
 
 import torch
 
-HEAD_DIM = 128
+HEAD_DIM = 128  # upstream's head dim, and the largest the kernels take
+HEAD_DIMS = (64, 128)  # kernel head dims; other D <= 128 are zero-padded to the next one
+HEAD_DIM_ALIGN = 8
+NORM_CHANNELS_PER_ROUND = 32
+MEAN_PARTIALS = 32
+LN2 = 0.6931471805599453
 SCALE_BLOCK = 32
 SEQ_ALIGN = 32
 INT8_MAX = 127.0
@@ -79,14 +107,25 @@ BAND = dict(
 
 
 class Prepared(NamedTuple):
-    """Output of prepare, as upstream returns it: what ``gfx1201_sage_attention_fwd`` takes."""
+    """Output of prepare, as upstream returns it: what ``gfx1201_sage_attention_fwd`` takes.
 
-    q_int8: torch.Tensor  # int8 [B, Sq_pad, H, 128]
-    q_scale: torch.Tensor  # float32 [B, H, Sq_pad / 32]
-    k_int8: torch.Tensor  # int8 [B, Skv_pad, H, 128]
-    k_scale: torch.Tensor  # float32 [B, H, Skv_pad / 32]
-    v_fp8: torch.Tensor  # float8_e4m3fn [B, H, 128, Skv_pad]
-    v_scale: torch.Tensor  # float32 [B, H, 128]
+    Dp = the kernel head dim (128 upstream); Hq query heads, Hkv key/value heads."""
+
+    q_int8: torch.Tensor  # int8 [B, Sq_pad, Hq, Dp]
+    q_scale: torch.Tensor  # float32 [B, Hq, Sq_pad / 32]
+    k_int8: torch.Tensor  # int8 [B, Skv_pad, Hkv, Dp]
+    k_scale: torch.Tensor  # float32 [B, Hkv, Skv_pad / 32]
+    v_fp8: torch.Tensor  # float8_e4m3fn [B, Hkv, Dp, Skv_pad]
+    v_scale: torch.Tensor  # float32 [B, Hkv, Dp]
+
+
+def padded_head_dim(d: int) -> int:
+    """The kernel head dim serving d channels (64 or 128)."""
+    return HEAD_DIMS[0] if d <= HEAD_DIMS[0] else HEAD_DIMS[1]
+
+
+def head_dim_supported(d: int) -> bool:
+    return HEAD_DIM_ALIGN <= d <= HEAD_DIM and d % HEAD_DIM_ALIGN == 0
 
 
 def padded_len(n: int) -> int:
@@ -156,13 +195,13 @@ NORM_ACCS = 4
 
 
 def rms_sum_squares(xf: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim (128) of xf*xf, float32, in the pinned order."""
+    """Sum over the last dim (D, a multiple of 32) of xf*xf, float32, in the pinned order."""
     sq = xf * xf
     step = NORM_LANES * NORM_ACCS  # 32 channels per round
     accs = []
     for a in range(NORM_ACCS):
         acc = sq[..., NORM_LANES * a : NORM_LANES * (a + 1)]
-        for i in range(1, HEAD_DIM // step):
+        for i in range(1, xf.shape[-1] // step):
             acc = acc + sq[..., step * i + NORM_LANES * a : step * i + NORM_LANES * (a + 1)]
         accs.append(acc)
     lanes = accs[0]
@@ -175,18 +214,19 @@ def rms_sum_squares(xf: torch.Tensor) -> torch.Tensor:
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """F.rms_norm(x, (128,), weight, eps) on BF16 x: FP32 inside, one rounding to BF16."""
+    """F.rms_norm(x, (D,), weight, eps) on BF16/FP16 x: FP32 inside, one rounding to x's dtype."""
     xf = x.float()
-    ms = rms_sum_squares(xf) / float(HEAD_DIM)
+    ms = rms_sum_squares(xf) / float(x.shape[-1])
     # torch's vectorised float32 sqrt is not always correctly rounded; the square root of a
     # float32 computed in float64 and rounded once is (53 >= 2*24 + 2 bits).
     root = torch.sqrt((ms + _f32(eps)).double()).float()
     inv = torch.div(torch.ones_like(ms), root)
-    return ((xf * inv[..., None]) * weight.float()).to(torch.bfloat16)
+    return ((xf * inv[..., None]) * weight.float()).to(x.dtype)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """Rotate-half RoPE on channels [0, rope_dim) of BF16 [B, S, H, D] in FP32, one rounding.
+    """Rotate-half RoPE on channels [0, rope_dim) of [B, S, H, D] in FP32, one rounding to x's
+    dtype.
 
     cos/sin: [S, rope_dim], FP32 (BF16 tables are upcast exactly)."""
     half = rope_dim // 2
@@ -195,7 +235,7 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -
     c = cos.float()[None, :, None, :]
     s = sin.float()[None, :, None, :]
     out = head * c + rot * s  # two products and a sum, each rounded (separate kernels)
-    return torch.cat([out.to(torch.bfloat16), x[..., rope_dim:]], dim=-1)
+    return torch.cat([out.to(x.dtype), x[..., rope_dim:]], dim=-1)
 
 
 def qk_norm_rope(x, norm_weight=None, eps=1e-6, cos=None, sin=None):
@@ -216,6 +256,11 @@ def _pad_seq(x: torch.Tensor, s_pad: int) -> torch.Tensor:
     out = x.new_zeros((b, s_pad, h, d))
     out[:, :s] = x
     return out
+
+
+def _pad_channels(x: torch.Tensor, d_pad: int) -> torch.Tensor:
+    """[..., D] -> [..., d_pad] with zero channels."""
+    return torch.nn.functional.pad(x, (0, d_pad - x.shape[-1]))
 
 
 def to_int8_like_torch(t: torch.Tensor) -> torch.Tensor:
@@ -244,7 +289,7 @@ def quantize_int8_blocks(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BF16 [B, S, H, D] -> e4m3fn [B, H, D, S_pad], scales [B, H, D]."""
+    """BF16/FP16 [B, S, H, D] -> e4m3fn [B, H, D, S_pad], scales [B, H, D]."""
     b, s, h, d = v.shape
     vf = v.float()
     scale = vf.abs().amax(dim=1) * (_f32(1.0) / FP8_MAX)  # [B, H, D]
@@ -254,6 +299,24 @@ def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.zeros((b, h, d, padded_len(s)), dtype=torch.uint8)
     out[..., :s] = bits.permute(0, 2, 3, 1)
     return out.view(torch.float8_e4m3fn), scale
+
+
+def k_mean(kf: torch.Tensor) -> torch.Tensor:
+    """FP32 [B, S, H, D] -> [B, H, D]: the mean over S in the pinned order (32 partial sums,
+    partial g summing rows g, g + 32, ... in turn from +0; the partials in turn; / S)."""
+    b, s, h, d = kf.shape
+    partials = torch.zeros((MEAN_PARTIALS, b, h, d), dtype=torch.float32)
+    for r in range(s):
+        partials[r % MEAN_PARTIALS] = partials[r % MEAN_PARTIALS] + kf[:, r]
+    total = partials[0]
+    for g in range(1, MEAN_PARTIALS):
+        total = total + partials[g]
+    return total / _f32(float(s))
+
+
+def check_head_dim(d: int) -> None:
+    if not head_dim_supported(d):
+        raise ValueError(f"head dim {d} is not a multiple of {HEAD_DIM_ALIGN} in [8, {HEAD_DIM}]")
 
 
 def prepare(
@@ -266,90 +329,183 @@ def prepare(
     cosine=None,
     sine=None,
     eps: float = 1e-6,
-) -> Prepared:
-    """Reference prepare on BF16 [B, S, H, 128] inputs (any device; computed on the CPU).
+    *,
+    smooth_k: bool = False,
+    return_k_mean: bool = False,
+):
+    """Reference prepare on BF16/FP16 [B, S, H, D] inputs (any device; computed on the CPU).
 
-    Same call form as the op; norm and RoPE are each optional (upstream: all four or none)."""
+    Same call form as the op; norm and RoPE are each optional (upstream: all four or none).
+    Returns a :class:`Prepared`; with ``return_k_mean`` also the K mean FP32 [B, Hkv, Dp]
+    (zeros without smoothing)."""
+    d = q.shape[-1]
+    check_head_dim(d)
+    d_pad = padded_head_dim(d)
     if softmax_scale is None:
-        softmax_scale = HEAD_DIM**-0.5
+        softmax_scale = d**-0.5
     q, k, v = (t.detach().cpu() for t in (q, k, v))
     cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
     query_weight, key_weight, cosine, sine = map(cpu, (query_weight, key_weight, cosine, sine))
     q = qk_norm_rope(q, query_weight, eps, cosine, sine)
     k = qk_norm_rope(k, key_weight, eps, cosine, sine)
-    q8, q_scale = quantize_int8_blocks(q.float() * q_prescale(softmax_scale))
-    k8, k_scale = quantize_int8_blocks(k.float())
-    v8, v_scale = quantize_v(v)
-    return Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
+    kf = k.float()
+    mean = k_mean(kf) if smooth_k else torch.zeros(kf.shape[0], kf.shape[2], d)
+    if smooth_k:
+        kf = kf - mean[:, None]
+    qs = _pad_channels(q.float() * q_prescale(softmax_scale), d_pad)
+    q8, q_scale = quantize_int8_blocks(qs)
+    k8, k_scale = quantize_int8_blocks(_pad_channels(kf, d_pad))
+    v8, v_scale = quantize_v(_pad_channels(v, d_pad))
+    prep = Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
+    return (prep, _pad_channels(mean, d_pad)) if return_k_mean else prep
 
 
 # ----------------------------------------------------------------------------------------------
 # Attention
 # ----------------------------------------------------------------------------------------------
+class AttentionResult(NamedTuple):
+    out: torch.Tensor  # [B, rows, Hq, D] in out_dtype
+    lse: torch.Tensor  # FP32 [B, Hq, rows], natural log; -inf for rows >= q_len
+
+
 def attention_from_prepared(
     p: Prepared,
     q_len: int,
     kv_len: int | None = None,
     kv_tile: int = KERNEL_KV_TILE,
     fp8_p: bool = True,
-) -> torch.Tensor:
-    """The quantized attention, step by step. Returns BF16 [B, q_len, H, 128].
+    *,
+    is_causal: bool = False,
+    k_mean: torch.Tensor | None = None,
+    head_dim: int | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
+    return_lse: bool = False,
+):
+    """The quantized attention, step by step. Returns [B, q_len, Hq, head_dim] in out_dtype
+    (head_dim defaults to the prepared Dp), or an :class:`AttentionResult` with
+    ``return_lse``.
 
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
-    kernels' e4m3 P."""
+    kernels' e4m3 P. ``k_mean`` (the smoothing mean prepare used) makes the LSE that of the
+    unsmoothed scores."""
     kv_len = q_len if kv_len is None else kv_len
     # One score scale per tile (the kernels' tile is one K scale block): the row max of
     # t = dot * scale is then taken on the exact integer dots.
     assert SCALE_BLOCK % kv_tile == 0, kv_tile
-    q8 = p.q_int8.cpu().float().transpose(1, 2)  # [B, H, Sq_pad, D]; dots below are exact
-    k8 = p.k_int8.cpu().float().transpose(1, 2)
-    v8 = e4m3_decode(fp8_bits(p.v_fp8.cpu()))  # [B, H, D, Skv_pad]
+    hq, hkv = p.q_int8.shape[2], p.k_int8.shape[2]
+    group = hq // hkv
+    q8 = p.q_int8.cpu().float().transpose(1, 2)  # [B, Hq, Sq_pad, Dp]; dots below are exact
+    k8 = p.k_int8.cpu().float().transpose(1, 2).repeat_interleave(group, dim=1)
+    v8 = e4m3_decode(fp8_bits(p.v_fp8.cpu())).repeat_interleave(group, dim=1)  # [B, Hq, Dp, S]
     v8[..., kv_len:] = 0  # padded keys carry P = 0; their V may hold anything
     qs = p.q_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1)  # per row
-    ks = p.k_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1)
+    ks = p.k_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1).repeat_interleave(group, dim=1)
     b, h, sq_pad, d = q8.shape
+    rows = torch.arange(sq_pad)[:, None]
     m = torch.full((b, h, sq_pad), -math.inf)
     l = torch.zeros((b, h, sq_pad))
     acc = torch.zeros((b, h, sq_pad, d))
+    offset = torch.tensor(EXP_OFFSET, dtype=torch.float32)
     for j0 in range(0, kv_len, kv_tile):
         j1 = min(j0 + kv_tile, kv_len)
+        keys = torch.arange(j0, j1)[None, :]
+        seen = (keys <= rows) if is_causal else torch.ones(sq_pad, j1 - j0, dtype=torch.bool)
+        any_seen = seen.any(-1)  # [Sq_pad]: rows that see a key of this tile
         dot = q8 @ k8[:, :, j0:j1].transpose(-1, -2)
+        dot = torch.where(seen, dot, -math.inf)
         ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32 product; one value per tile
         d_max = dot.amax(-1, keepdim=True)
+        d_max = torch.where(any_seen[:, None], d_max, 0.0)
         m_t = (d_max * ss[..., :1]).squeeze(-1)  # = rowmax of t = dot * ss
+        m_t = torch.where(any_seen, m_t, -math.inf)
         m_new = torch.maximum(m, m_t)
-        alpha = torch.exp2(m - m_new)
-        bias = (m_t - m_new) + torch.tensor(EXP_OFFSET, dtype=torch.float32)
+        alpha = torch.where(any_seen, torch.exp2(m - m_new), 1.0)
+        bias = (m_t - m_new) + offset
         # fma: the float64 product of an integer (< 2^23) and a float32 is exact; the sum is
         # rounded to float64 and then to float32 (a double rounding at most 2^-29 relative
         # away from the single-rounded fma).
         u = ((dot - d_max).double() * ss.double() + bias.double()[..., None]).float()
-        pr = torch.exp2(u)
+        pr = torch.where(seen & any_seen[:, None], torch.exp2(u), 0.0)
         l = l * alpha + pr.sum(-1)
         if fp8_p:
             pr = e4m3_decode(e4m3_encode_sat(pr))
         acc = acc * alpha[..., None] + pr @ v8[..., j0:j1].transpose(-1, -2)
         m = m_new
-    o = acc / l[..., None] * p.v_scale.cpu()[:, :, None, :]
-    return o[:, :, :q_len].permute(0, 2, 1, 3).to(torch.bfloat16).contiguous()
+    v_scale = p.v_scale.cpu().repeat_interleave(group, dim=1)
+    o = acc / l[..., None] * v_scale[:, :, None, :]
+    o = o[:, :, :q_len, : (head_dim or d)].permute(0, 2, 1, 3).to(out_dtype).contiguous()
+    if not return_lse:
+        return o
+    lse2 = m + torch.log2(l) - offset
+    if k_mean is not None:
+        mean = k_mean.cpu().float().repeat_interleave(group, dim=1)  # [B, Hq, Dp]
+        corr = (q8.double() @ mean.double()[..., None]).squeeze(-1) * qs.double()
+        lse2 = lse2 + corr.float()
+    return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
 
 
-def sage_attention(q, k, v, softmax_scale=None, *args, **prepare_kwargs) -> torch.Tensor:
-    """Reference SageAttention: prepare, then the quantized attention model."""
-    prep = prepare(q, k, v, softmax_scale, *args, **prepare_kwargs)
-    return attention_from_prepared(prep, q.shape[1], k.shape[1])
+def sage_attention(
+    q,
+    k,
+    v,
+    softmax_scale=None,
+    *args,
+    is_causal: bool = False,
+    smooth_k: bool = False,
+    return_lse: bool = False,
+    **prepare_kwargs,
+):
+    """Reference SageAttention: prepare, then the quantized attention model. Output in q's
+    dtype with q's head dim; with ``return_lse`` an :class:`AttentionResult`."""
+    prep, mean = prepare(
+        q, k, v, softmax_scale, *args, smooth_k=smooth_k, return_k_mean=True, **prepare_kwargs
+    )
+    return attention_from_prepared(
+        prep,
+        q.shape[1],
+        k.shape[1],
+        is_causal=is_causal,
+        k_mean=mean if smooth_k else None,
+        head_dim=q.shape[-1],
+        out_dtype=q.dtype,
+        return_lse=return_lse,
+    )
 
 
-def attention_fp32(q, k, v, softmax_scale=None, chunk: int = 1024) -> torch.Tensor:
-    """Plain softmax attention in FP32 on [B, S, H, D]; returns FP32 [B, Sq, H, D]."""
+def attention_fp32(
+    q, k, v, softmax_scale=None, chunk: int = 1024, *, is_causal: bool = False
+) -> torch.Tensor:
+    """Plain softmax attention in FP32 on [B, S, H, D] (GQA: Hq a multiple of Hkv); returns FP32
+    [B, Sq, Hq, D]. Causal: top-left aligned, as SDPA's is_causal."""
+    return _attention_fp32(q, k, v, softmax_scale, chunk, is_causal)[0]
+
+
+def lse_fp32(q, k, softmax_scale=None, chunk: int = 1024, *, is_causal: bool = False):
+    """Natural-log log-sum-exp of the FP32 scores, [B, Hq, Sq] (torch.logsumexp)."""
+    return _attention_fp32(q, k, None, softmax_scale, chunk, is_causal)[1]
+
+
+def _attention_fp32(q, k, v, softmax_scale, chunk, is_causal):
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    qf, kf, vf = (t.detach().cpu().float().transpose(1, 2) for t in (q, k, v))
-    outs = []
+    group = q.shape[2] // k.shape[2]
+    qf = q.detach().cpu().float().transpose(1, 2)
+    kf = k.detach().cpu().float().transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = None if v is None else v.detach().cpu().float().transpose(1, 2)
+    if vf is not None:
+        vf = vf.repeat_interleave(group, dim=1)
+    outs, lses = [], []
+    cols = torch.arange(kf.shape[2])[None, :]
     for i in range(0, qf.shape[2], chunk):
         s = (qf[:, :, i : i + chunk] @ kf.transpose(-1, -2)) * softmax_scale
-        outs.append(torch.softmax(s, dim=-1) @ vf)
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous()
+        if is_causal:
+            rows = torch.arange(i, i + s.shape[2])[:, None]
+            s = s.masked_fill(cols > rows, -math.inf)
+        lses.append(torch.logsumexp(s, dim=-1))
+        if vf is not None:
+            outs.append(torch.softmax(s, dim=-1) @ vf)
+    out = torch.cat(outs, dim=2).transpose(1, 2).contiguous() if outs else None
+    return out, torch.cat(lses, dim=2)
 
 
 # ----------------------------------------------------------------------------------------------

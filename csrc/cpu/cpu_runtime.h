@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "sage/check.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
 
@@ -75,11 +76,17 @@ void parallel_slices(int64_t n, int threads, const Body& body) {
     if (e) std::rethrow_exception(e);
 }
 
-// The body of both cpu launch functions: validate, pick the ISA tier, run, and turn an
+// The body of both cpu launch functions: validate (sage/check.h), pick the ISA tier, run, and turn an
 // exception (allocation failure, thread creation) into an error message instead of a crash.
-template <class Check, class Run>
-int guarded_launch(const SageParams* p, const char* what, Check check, Run run) {
-  if (!check(p)) return 1;
+// What the cpu backend implements of contract v2 (sage/check.h).
+constexpr sage::Features kCpuFeatures = sage::kV1Features;
+
+template <class Run>
+int guarded_launch(const SageParams* p, sage::Launch launch, Run run) {
+  if (!sage::check_params(p, launch) ||
+      !sage::check_features(p, launch, kCpuFeatures, "cpu"))
+    return 1;
+  const char* what = launch == sage::Launch::kPrepare ? "prepare" : "attention";
   Isa isa;
   if (!select_isa(&isa)) return 1;
   try {

@@ -36,7 +36,7 @@ const PrepareKernels& kernels_for(Isa isa) {
 }
 
 void run_prepare(const SageParams& p, const PrepareKernels& k) {
-  const int64_t heads = int64_t(p.batch) * p.heads;
+  const int64_t heads = int64_t(p.batch) * p.heads_q;
   const int64_t q_blocks = sage::scale_blocks(p.q_len_pad);
   const int64_t k_blocks = sage::scale_blocks(p.kv_len_pad);
   const int64_t v_chunks = (p.kv_len_pad + kPrepareVChunk - 1) / kPrepareVChunk;
@@ -67,6 +67,6 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
   return guarded_launch(
-      p, "prepare", sage::check_prepare_params,
+      p, sage::Launch::kPrepare,
       [](const SageParams& params, Isa isa) { run_prepare(params, kernels_for(isa)); });
 }

@@ -61,7 +61,7 @@ inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   return pack_pair_i16(q_row[2 * word], q_row[2 * word + 1]);
 }
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
-  for (int w = 0; w < SAGE_HEAD_DIM / kQkChansPerWord; ++w)
+  for (int w = 0; w < SAGE_HEAD_DIM_LARGE / kQkChansPerWord; ++w)
     words[w] = pack_pair_i16(k_row[2 * w], k_row[2 * w + 1]);
   return 0;
 }
@@ -76,6 +76,6 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 }
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
 inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  for (int d = 0; d < SAGE_HEAD_DIM; ++d)
+  for (int d = 0; d < SAGE_HEAD_DIM_LARGE; ++d)
     dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
 }

@@ -69,7 +69,7 @@ inline uint32_t pack_q_word(const int8_t* q_row, int word) {
 }
 // K words of one key (its 128 bytes as 32 words) and the offset correction 128 * sum(k).
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
-  memcpy(words, k_row, SAGE_HEAD_DIM);
+  memcpy(words, k_row, SAGE_HEAD_DIM_LARGE);
   __m512i k = _mm512_loadu_si512(k_row), k2 = _mm512_loadu_si512(k_row + 64);
   // sum of signed bytes via vpdpbusd with all-ones unsigned bytes
   __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), k);
@@ -121,7 +121,7 @@ inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst)
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(col_stride));
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  for (int d = 0; d < SAGE_HEAD_DIM; d += 16) {
+  for (int d = 0; d < SAGE_HEAD_DIM_LARGE; d += 16) {
     const __m512i u =
         _mm512_castps_si512(_mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4));
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));

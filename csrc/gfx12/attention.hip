@@ -49,6 +49,7 @@ SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
 }
 
 struct AttnTraits {
+  static constexpr int kHeadDim = SAGE_HEAD_DIM_LARGE;
   static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWaveSize;
   // 32 queries per wave = two 16-query WMMA column blocks. Each K/V fragment read from LDS then
@@ -64,10 +65,10 @@ struct AttnTraits {
   // scale q_scale·k_scale is a single wave-uniform float per tile.
   static constexpr int kTileKeys = kKTileKeys;                     // 32
   static constexpr int kKeyChunks = kTileKeys / kWmmaDim;          // 2
-  static constexpr int kQkSteps = SAGE_HEAD_DIM / kWmmaDim;        // 8 WMMA K-steps over channels
-  static constexpr int kChannelBlocks = SAGE_HEAD_DIM / kWmmaDim;  // 8 accumulator tiles
+  static constexpr int kQkSteps = kHeadDim / kWmmaDim;        // 8 WMMA K-steps over channels
+  static constexpr int kChannelBlocks = kHeadDim / kWmmaDim;  // 8 accumulator tiles
   static constexpr int kKTileBytes = kTileKeys * kKRowBytes;       // 4 KiB of K codes
-  static constexpr int kVTileBytes = SAGE_HEAD_DIM * kVRowBytes;   // 4 KiB of V codes
+  static constexpr int kVTileBytes = kHeadDim * kVRowBytes;   // 4 KiB of V codes
   // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
   // tile is a per-lane base plus an immediate; V is not padded.
   static constexpr int kKLdsBytes = kKLdsPaddedBytes;
@@ -140,9 +141,9 @@ struct HeadView {
 SAGE_DEVICE HeadView make_head_view(const SageParams& p, int b, int hd) {
   using T = AttnTraits;
   HeadView hv;
-  const int64_t k_row_stride = qk8_row_stride(p.heads);
-  hv.k8 = p.k8 + qk8_offset(p.heads, p.kv_len_pad, b, 0, hd, 0);
-  hv.v8 = p.v8 + v8_offset(head_index(p, b, hd), p.kv_len_pad, 0, 0);
+  const int64_t k_row_stride = qk8_row_stride(p.heads_kv, T::kHeadDim);
+  hv.k8 = p.k8 + qk8_offset(p.heads_kv, T::kHeadDim, p.kv_len_pad, b, 0, hd, 0);
+  hv.v8 = p.v8 + v8_offset(head_index(p.heads_kv, b, hd), T::kHeadDim, p.kv_len_pad, 0, 0);
   hv.k_tile_stride = T::kTileKeys * k_row_stride;
   const int tid = sage_thread_id();
 #pragma unroll
@@ -367,7 +368,7 @@ SAGE_DEVICE void store_zero_rows(const SageParams& p, int b, int hd, int q0) {
     const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
 #pragma unroll
     for (int cb = 0; cb < T::kChannelBlocks; ++cb)
-      sage_gstore<u32x4>(p.out, 2 * (orow + 16 * cb + 8 * h), u32x4{0, 0, 0, 0});
+      sage_gstore<u32x4>(halves(p.out), 2 * (orow + 16 * cb + 8 * h), u32x4{0, 0, 0, 0});
   }
 }
 
@@ -377,7 +378,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   const int lane = sage_lane_id(), wave = sage_wave_id();
   const int r = lane_idx(lane), h = lane_half(lane);
   const int b = sage_block_id_z(), hd = sage_block_id_y();
-  const int64_t head = head_index(p, b, hd);
+  const int64_t head = head_index(p.heads_q, b, hd);
   const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
   // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
   // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
@@ -386,7 +387,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   // per wave), made explicit with a readlane so that the branch is scalar, not EXEC-masked.
   const bool has_queries = sage_readlane(int(q0 < p.q_len), 0) != 0;
 
-  const HeadView hv = make_head_view(p, b, hd);
+  const HeadView hv = make_head_view(p, b, kv_head_of(p, hd));
   const LdsLanes ll = make_lds_lanes();
   const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
 
@@ -396,7 +397,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   WaveState ws;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
-    const int64_t row = qk8_offset(p.heads, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
+    const int64_t row = qk8_offset(p.heads_q, T::kHeadDim, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       const u32x4 x =
@@ -448,7 +449,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels
   //      16cb + 8h + j. Each half-wave summed its own keys: combine the two halves of l.
   //      Rows in [q_len, out_rows) are written as zeros.
-  const float* v_scale = p.v_scale + v_scale_offset(head, 0);
+  const float* v_scale = p.v_scale + channel_offset(head, T::kHeadDim, 0);
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     const float l = ws.l[qb] + sage_shfl_xor(ws.l[qb], 16);
@@ -470,7 +471,7 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
         const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
         packed[j / 2] = real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
       }
-      sage_gstore<u32x4>(p.out, 2 * (orow + c0), u32x4{packed[0], packed[1], packed[2], packed[3]});
+      sage_gstore<u32x4>(halves(p.out), 2 * (orow + c0), u32x4{packed[0], packed[1], packed[2], packed[3]});
     }
   }
 }
@@ -483,11 +484,13 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   using sage::gfx12::AttnTraits;
-  if (!sage::check_attention_params(params)) return 1;
+  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
+  if (!sage::check_features(params, sage::Launch::kAttention, sage::kV1Features, "gfx12"))
+    return 1;
   const SageParams& p = *params;
   const unsigned q_groups =
       unsigned((p.q_len_pad + AttnTraits::kQueriesPerGroup - 1) / AttnTraits::kQueriesPerGroup);
-  const sage_dim3 grid{q_groups, unsigned(p.heads), unsigned(p.batch)};
+  const sage_dim3 grid{q_groups, unsigned(p.heads_q), unsigned(p.batch)};
   const int rc =
       sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads, stream, p);
   if (rc != 0) {

@@ -30,8 +30,9 @@ namespace sage {
 namespace gfx12 {
 
 struct PrepTraits {
+  static constexpr int kHeadDim = SAGE_HEAD_DIM_LARGE;
   static constexpr int kChunk = 8;  // BF16 channels per lane = one 16-byte load
-  static constexpr int kLanesPerRow = SAGE_HEAD_DIM / kChunk;  // 16 = the RMSNorm partials
+  static constexpr int kLanesPerRow = kHeadDim / kChunk;  // 16 = the RMSNorm partials
   // qk: 128 threads = 8 rows per pass, 4 passes cover one 32-row scale block.
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
@@ -45,7 +46,7 @@ struct PrepTraits {
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
   static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
-  static_assert(kChunk == kNormLanes && kLanesPerRow == kNormAccs * kNormRounds,
+  static_assert(kChunk == kNormLanes && kLanesPerRow == kNormAccs * kHeadDim / kNormChannelsPerRound,
                 "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
   static_assert(kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys, "");
   static_assert(kVtKeys % SAGE_SEQ_ALIGN == 0 && (kVtKeys / 16) * 16 == kVtKeys,
@@ -75,11 +76,11 @@ SAGE_DEVICE void unpack_f32x8(const float* base, int64_t off, float* x) {
 // ============================================================================ kernel 1 =====
 SAGE_KERNEL(sage_prepare_v_scale_kernel, PrepTraits::kVsThreads)(SageParams p) {
   using T = PrepTraits;
-  SAGE_LDS(float, part_max, T::kVsThreads / T::kLanesPerRow * SAGE_HEAD_DIM);  // 16 KiB
+  SAGE_LDS(float, part_max, T::kVsThreads / T::kLanesPerRow * T::kHeadDim);  // 16 KiB
   const int tid = sage_thread_id();
   const int hd = sage_block_id_x(), b = sage_block_id_y();
   const int c = prep_chunk(tid), row0 = tid / T::kLanesPerRow;
-  const sage_bf16_t* v = p.v + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const sage_bf16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
   float amax[T::kChunk];
 #pragma unroll
@@ -106,14 +107,14 @@ SAGE_KERNEL(sage_prepare_v_scale_kernel, PrepTraits::kVsThreads)(SageParams p) {
   constexpr int kGroups = T::kVsThreads / T::kLanesPerRow;
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i)
-    sage_lds_store(part_max, 4 * (row0 * SAGE_HEAD_DIM + T::kChunk * c + i), amax[i]);
+    sage_lds_store(part_max, 4 * (row0 * T::kHeadDim + T::kChunk * c + i), amax[i]);
   sage_barrier();
-  if (tid < SAGE_HEAD_DIM) {  // whole waves: LDS traffic stays wave-uniform
+  if (tid < T::kHeadDim) {  // whole waves: LDS traffic stays wave-uniform
     float m = 0.0f;
     for (int grp = 0; grp < kGroups; ++grp)
-      m = nan_max(m, sage_lds_load<float>(part_max, 4 * (grp * SAGE_HEAD_DIM + tid)));
-    const int64_t head = head_index(p, b, hd);
-    sage_gstore<float>(p.v_scale, 4 * v_scale_offset(head, tid), v_channel_scale(m));
+      m = nan_max(m, sage_lds_load<float>(part_max, 4 * (grp * T::kHeadDim + tid)));
+    const int64_t head = head_index(p.heads_kv, b, hd);
+    sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), v_channel_scale(m));
   }
 }
 
@@ -134,7 +135,7 @@ SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
     const float sq = x[l] * x[l];
     float a = sq;
 #pragma unroll
-    for (int i = 1; i < kNormRounds; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
+    for (int i = 1; i < PrepTraits::kHeadDim / kNormChannelsPerRound; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
     acc[l] = a;
   }
   float total = 0.0f;
@@ -148,7 +149,7 @@ SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
   float v = chunk == 0 ? total : 0.0f;
 #pragma unroll
   for (int n = PrepTraits::kLanesPerRow / 2; n >= 1; n /= 2) v = v + sage_shfl_xor(v, n);
-  return rms_inv(v, eps);
+  return rms_inv(v, eps, PrepTraits::kHeadDim);
 }
 
 struct QkSide {
@@ -166,27 +167,28 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
   SAGE_LDS(float, block_max, T::kQkThreads);
   const int tid = sage_thread_id(), wave = sage_wave_id();
   const int hd = sage_block_id_y(), b = sage_block_id_z();
-  const int64_t head = head_index(p, b, hd);
   const int q_blocks = p.q_len_pad / SAGE_SCALE_BLOCK;
   const bool is_q = sage_block_id_x() < q_blocks;
+  const int heads = is_q ? p.heads_q : p.heads_kv;
+  const int64_t head = head_index(heads, b, hd);
   const int blk = is_q ? sage_block_id_x() : sage_block_id_x() - q_blocks;
 
   QkSide sd;
   if (is_q) {
-    sd = QkSide{p.q + bshd_offset(p.q_stride_b, p.q_stride_s, p.q_stride_h, b, 0, hd),
+    sd = QkSide{halves(p.q) + bshd_offset(p.q_stride_b, p.q_stride_s, p.q_stride_h, b, 0, hd),
                 p.q_stride_s,
                 p.q_len,
                 p.q_len_pad,
-                p.q_norm_weight,
+                halves(p.q_norm_weight),
                 p.q_prescale,
                 p.q8,
                 p.q_scale};
   } else {
-    sd = QkSide{p.k + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd),
+    sd = QkSide{halves(p.k) + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd),
                 p.k_stride_s,
                 p.kv_len,
                 p.kv_len_pad,
-                p.k_norm_weight,
+                halves(p.k_norm_weight),
                 1.0f,
                 p.k8,
                 p.k_scale};
@@ -226,8 +228,8 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
       const float inv = row_rms_inv(v, c, p.norm_eps);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i) {
-        v[i] = rms_apply(v[i], inv, w[i]);
-        vp[i] = rms_apply(vp[i], inv, wp[i]);
+        v[i] = rms_apply(v[i], inv, w[i], SAGE_DTYPE_BF16);
+        vp[i] = rms_apply(vp[i], inv, wp[i], SAGE_DTYPE_BF16);
       }
     }
     if (rope_lane && in_seq) {
@@ -237,7 +239,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
       unpack_f32x8(p.rope_sin, 4 * cs, sinv);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i)
-        v[i] = rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i]);
+        v[i] = rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i], SAGE_DTYPE_BF16);
     }
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
@@ -263,7 +265,7 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
       word[i / 4] |= uint32_t(uint8_t(quant_i8(x[pass][i], scale))) << (8 * (i % 4));
-    sage_gstore<v2i32>(sd.out8, qk8_offset(p.heads, sd.len_pad, b, s, hd, T::kChunk * c),
+    sage_gstore<v2i32>(sd.out8, qk8_offset(heads, T::kHeadDim, sd.len_pad, b, s, hd, T::kChunk * c),
                        v2i32{int(word[0]), int(word[1])});
   }
   if (tid == 0)
@@ -274,16 +276,16 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
 // ============================================================================ kernel 3 =====
 SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   using T = PrepTraits;
-  SAGE_LDS(uint32_t, vt, SAGE_HEAD_DIM* kVtRowBytes / 4);
+  SAGE_LDS(uint32_t, vt, T::kHeadDim* kVtRowBytes / 4);
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
-  const int64_t head = head_index(p, b, hd);
+  const int64_t head = head_index(p.heads_kv, b, hd);
   const int c = prep_chunk(tid), g = tid / T::kLanesPerRow;
-  const sage_bf16_t* v = p.v + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const sage_bf16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
   float scale[T::kChunk];
   {
-    const float* vs = p.v_scale + v_scale_offset(head, T::kChunk * c);
+    const float* vs = p.v_scale + channel_offset(head, T::kHeadDim, T::kChunk * c);
     const u32x4 s0 = sage_gload<u32x4>(vs, 0), s1 = sage_gload<u32x4>(vs, 16);
     const uint32_t u[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
@@ -316,7 +318,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   constexpr int kPiecesPerRow = kVtKeys / 16;
   constexpr int kRowsPerStep = T::kVqThreads / kPiecesPerRow;
 #pragma unroll
-  for (int step = 0; step < SAGE_HEAD_DIM / kRowsPerStep; ++step) {
+  for (int step = 0; step < T::kHeadDim / kRowsPerStep; ++step) {
     const int ch = tid / kPiecesPerRow + step * kRowsPerStep;
     const int k16 = 16 * (tid % kPiecesPerRow);
     if (int64_t(tile) * kVtKeys + k16 >= p.kv_len_pad) continue;  // past the padded length
@@ -325,7 +327,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
     out.y = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 4));
     out.z = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 8));
     out.w = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 12));
-    sage_gstore<u32x4>(p.v8, v8_offset(head, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
+    sage_gstore<u32x4>(p.v8, v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
   }
 }
 
@@ -350,9 +352,10 @@ int check_launch(int rc, const char* kernel) {
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   using sage::gfx12::PrepTraits;
   namespace g = sage::gfx12;
-  if (!sage::check_prepare_params(params)) return 1;
+  if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kV1Features, "gfx12")) return 1;
   const SageParams& p = *params;
-  const unsigned B = unsigned(p.batch), H = unsigned(p.heads);
+  const unsigned B = unsigned(p.batch), H = unsigned(p.heads_q);
 
   int rc = sage_launch(g::sage_prepare_v_scale_kernel, sage_dim3{H, B, 1}, PrepTraits::kVsThreads,
                        stream, p);

@@ -5,23 +5,29 @@
 
 SAGE_DEFINE_MODULE_ABI("layout_probe target=cpu")
 
-SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s, int64_t h,
-                                    int64_t d) {
-  return sage::qk8_offset(heads, s_pad, b, s, h, d);
+SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, int64_t b,
+                                    int64_t s, int64_t h, int64_t d) {
+  return sage::qk8_offset(heads, dim, s_pad, b, s, h, d);
 }
 SAGE_EXPORT int64_t sage_qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {
   return sage::qk_scale_offset(head, s_pad, s);
 }
-SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t s_pad, int64_t d, int64_t s) {
-  return sage::v8_offset(head, s_pad, d, s);
+SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d,
+                                   int64_t s) {
+  return sage::v8_offset(head, dim, s_pad, d, s);
 }
-SAGE_EXPORT int64_t sage_v_scale_offset(int64_t head, int64_t d) {
-  return sage::v_scale_offset(head, d);
+SAGE_EXPORT int64_t sage_channel_offset(int64_t head, int64_t dim, int64_t d) {
+  return sage::channel_offset(head, dim, d);
 }
+SAGE_EXPORT int sage_padded_head_dim(int d) { return sage::padded_head_dim(d); }
 SAGE_EXPORT int64_t sage_padded_len(int64_t n) { return sage::padded_len(n); }
 SAGE_EXPORT uint8_t sage_e4m3(float x) { return sage::f32_to_e4m3_sat(x); }
 SAGE_EXPORT float sage_e4m3_decode(uint8_t b) { return sage::e4m3_to_f32(b); }
 SAGE_EXPORT int8_t sage_quant_i8(float x, float s) { return sage::quant_i8(x, s); }
 SAGE_EXPORT uint8_t sage_quant_v(float x, float s) { return sage::quant_v(x, s); }
 SAGE_EXPORT uint16_t sage_f32_to_bf16(float x) { return sage::f32_to_bf16(x); }
-SAGE_EXPORT float sage_rms_sum_squares(const float* x) { return sage::rms_sum_squares(x); }
+SAGE_EXPORT uint16_t sage_f32_to_fp16(float x) { return sage::f32_to_fp16(x); }
+SAGE_EXPORT float sage_fp16_to_f32(uint16_t h) { return sage::fp16_to_f32(h); }
+SAGE_EXPORT float sage_rms_sum_squares(const float* x, int head_dim) {
+  return sage::rms_sum_squares(x, head_dim);
+}

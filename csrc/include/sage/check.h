@@ -1,7 +1,9 @@
-// aiter_sage: the one validation of a SageParams, called by every module's launch function
-// (cpu, emu, gfx12) before any work. The torch binding checks tensors (dtype, shape, device)
-// and fills the struct; these checks guard the C ABI itself, so a caller other than the
-// binding gets the same clear errors. Host-only: empty in a hiprtc device build.
+// aiter_sage: the one validation of a SageParams. Every module's launch function (cpu, emu,
+// gfx12) calls it before any work, and the torch binding calls the same function on the
+// params it filled (for the real call and, with placeholder pointers, for the fake
+// implementations), so a bad value gets the same message whichever way it arrives. The binding
+// itself checks only what is torch's business: dtypes, ranks, shapes, devices, strides.
+// Host-only: empty in a hiprtc device build.
 #pragma once
 #if !defined(SAGE_HIPRTC)
 #include "sage/layout.h"
@@ -11,15 +13,28 @@
 
 namespace sage {
 
+enum class Launch { kPrepare, kAttention };
+
 // Checks shared by both launches; returns false with the module error set.
 inline bool check_problem(const SageParams* p, const char* what) {
   if (!p) return !set_error("%s: null SageParams", what);
-  if (p->batch < 1 || p->heads < 1 || p->q_len < 1 || p->kv_len < 1)
-    return !set_error("%s: empty problem (batch=%d heads=%d q_len=%d kv_len=%d)", what, p->batch,
-                      p->heads, p->q_len, p->kv_len);
-  if (p->batch > 65535 || p->heads > 65535)
-    return !set_error("%s: batch and heads must be <= 65535 (got %d and %d)", what, p->batch,
-                      p->heads);
+  if (p->batch < 1 || p->heads_q < 1 || p->heads_kv < 1 || p->q_len < 1 || p->kv_len < 1)
+    return !set_error("%s: empty problem (batch=%d heads_q=%d heads_kv=%d q_len=%d kv_len=%d)",
+                      what, p->batch, p->heads_q, p->heads_kv, p->q_len, p->kv_len);
+  if (p->batch > SAGE_MAX_GRID_DIM || p->heads_q > SAGE_MAX_GRID_DIM)
+    return !set_error("%s: batch and heads must be <= %d (got batch=%d heads=%d)", what,
+                      SAGE_MAX_GRID_DIM, p->batch, p->heads_q);
+  if (p->heads_q % p->heads_kv != 0)
+    return !set_error(
+        "%s: the query heads (%d) must be a multiple of the key/value heads (%d) for "
+        "grouped-query attention",
+        what, p->heads_q, p->heads_kv);
+  if (!head_dim_supported(p->head_dim))
+    return !set_error("%s: head dim %d is not supported: it must be a multiple of %d and <= %d", what,
+                      p->head_dim, SAGE_HEAD_DIM_ALIGN, SAGE_MAX_HEAD_DIM);
+  if (p->head_dim_pad != padded_head_dim(p->head_dim))
+    return !set_error("%s: head_dim_pad %d must be %d for head dim %d", what, p->head_dim_pad,
+                      padded_head_dim(p->head_dim), p->head_dim);
   if (p->q_len > SAGE_MAX_SEQ_LEN || p->kv_len > SAGE_MAX_SEQ_LEN)
     return !set_error("%s: sequence lengths must be <= %d (got q_len=%d kv_len=%d)", what,
                       SAGE_MAX_SEQ_LEN, p->q_len, p->kv_len);
@@ -35,6 +50,10 @@ inline bool check_problem(const SageParams* p, const char* what) {
   return true;
 }
 
+inline bool dtype_supported(int dtype) {
+  return dtype == SAGE_DTYPE_BF16 || dtype == SAGE_DTYPE_FP16;
+}
+
 inline bool check_prepare_params(const SageParams* p) {
   const char* what = "sage_prepare_launch";
   if (!check_problem(p, what)) return false;
@@ -42,16 +61,28 @@ inline bool check_prepare_params(const SageParams* p) {
     return !set_error("%s: q_len_pad/kv_len_pad must be q_len/kv_len rounded up to %d", what,
                       SAGE_SEQ_ALIGN);
   if (!p->q || !p->k || !p->v) return !set_error("%s: null q/k/v input pointer", what);
+  if (!dtype_supported(p->in_dtype))
+    return !set_error("%s: input dtype code %d is neither BF16 nor FP16", what, p->in_dtype);
   if (!__builtin_isfinite(p->q_prescale))
     return !set_error("%s: the Q factor softmax_scale*log2(e) must be a finite float32", what);
+  if (p->smooth_k != 0 && p->smooth_k != 1)
+    return !set_error("%s: smooth_k must be 0 or 1, got %d", what, p->smooth_k);
+  if (p->smooth_k && !p->k_mean)
+    return !set_error("%s: smooth_k needs the k_mean output buffer", what);
   if (!p->q_norm_weight != !p->k_norm_weight)
     return !set_error("%s: q and k norm weights must be given together", what);
-  if (p->q_norm_weight && !(__builtin_isfinite(p->norm_eps) && p->norm_eps >= 0.0f))
-    return !set_error("%s: norm eps must be a finite float32 >= 0", what);
+  if (p->q_norm_weight) {
+    if (p->head_dim % kNormChannelsPerRound != 0)
+      return !set_error("%s: QK RMSNorm needs a head dim that is a multiple of %d, got %d", what,
+                        kNormChannelsPerRound, p->head_dim);
+    if (!(__builtin_isfinite(p->norm_eps) && p->norm_eps >= 0.0f))
+      return !set_error("%s: norm eps must be a finite float32 >= 0", what);
+  }
   if (!p->rope_cos != !p->rope_sin) return !set_error("%s: cos and sin go together", what);
   if (p->rope_cos) {
-    if (!rope_dim_supported(p->rope_dim))
-      return !set_error("%s: rope_dim %d is not 32, 64, 96 or 128", what, p->rope_dim);
+    if (!rope_dim_supported(p->rope_dim, p->head_dim))
+      return !set_error("%s: rope_dim %d must be a multiple of 32 and at most the head dim %d",
+                        what, p->rope_dim, p->head_dim);
     if (p->q_len != p->kv_len)
       return !set_error("%s: RoPE needs q_len == kv_len (got %d and %d)", what, p->q_len,
                         p->kv_len);
@@ -63,10 +94,51 @@ inline bool check_attention_params(const SageParams* p) {
   const char* what = "sage_attention_launch";
   if (!check_problem(p, what)) return false;
   if (!p->out) return !set_error("%s: null output pointer", what);
+  if (!dtype_supported(p->out_dtype))
+    return !set_error("%s: output dtype code %d is neither BF16 nor FP16", what, p->out_dtype);
+  if (p->mask != SAGE_MASK_NONE && p->mask != SAGE_MASK_CAUSAL)
+    return !set_error("%s: unknown mask mode %d", what, p->mask);
   if (p->out_rows < p->q_len || p->out_rows > p->q_len_pad)
     return !set_error("%s: out_rows %d must lie in [q_len, q_len_pad] = [%d, %d]", what,
                       p->out_rows, p->q_len, p->q_len_pad);
   return true;
+}
+
+// The contract-v2 features a backend implements. A launch that asks for one its backend lacks
+// is refused with a message naming it (a backend grows into the contract feature by feature).
+struct Features {
+  bool head_dim_small;  // head_dim_pad 64 (head dims <= 64)
+  bool fp16;            // FP16 inputs / output
+  bool gqa;             // heads_q != heads_kv
+  bool causal;          // mask == SAGE_MASK_CAUSAL
+  bool lse;             // an LSE output
+  bool smooth_k;        // K smoothing (prepare) and its LSE correction (attention)
+};
+constexpr Features kV1Features = {false, false, false, false, false, false};
+constexpr Features kAllFeatures = {true, true, true, true, true, true};
+
+inline bool check_features(const SageParams* p, Launch launch, Features f, const char* backend) {
+  const char* what = launch == Launch::kPrepare ? "sage_prepare_launch" : "sage_attention_launch";
+  const char* missing = nullptr;
+  if (!f.head_dim_small && p->head_dim_pad == SAGE_HEAD_DIM_SMALL) missing = "head dims <= 64";
+  const bool fp16 = launch == Launch::kPrepare ? p->in_dtype == SAGE_DTYPE_FP16
+                                               : p->out_dtype == SAGE_DTYPE_FP16;
+  if (!f.fp16 && fp16) missing = "float16 tensors";
+  if (!f.gqa && p->heads_q != p->heads_kv) missing = "grouped-query attention";
+  if (launch == Launch::kAttention) {
+    if (!f.causal && p->mask == SAGE_MASK_CAUSAL) missing = "causal attention";
+    if (!f.lse && p->lse) missing = "return_lse";
+    if (!f.smooth_k && p->k_mean) missing = "the LSE of smoothed K";
+  } else if (!f.smooth_k && p->smooth_k) {
+    missing = "smooth_k";
+  }
+  if (missing) return !set_error("%s: the %s backend does not support %s yet", what, backend, missing);
+  return true;
+}
+
+// The one entry point: what a launch of kind `launch` needs.
+inline bool check_params(const SageParams* p, Launch launch) {
+  return launch == Launch::kPrepare ? check_prepare_params(p) : check_attention_params(p);
 }
 
 }  // namespace sage

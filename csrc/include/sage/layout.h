@@ -1,43 +1,75 @@
 // aiter_sage: index math of the prepared tensors, in one place. Host- and device-usable;
 // tested on the host (op_tests/test_layout.py through a probe module, and by every backend's
-// bit-exact prepare test). The layouts are upstream ROCm aiter's.
+// bit-exact prepare test). The layouts are upstream ROCm aiter's, with the head dim D
+// (SageParams::head_dim_pad: 64 or 128) and the head counts (heads_q for Q and the output,
+// heads_kv for K and V) as parameters.
 #pragma once
 #include "sage/params.h"
 #include "sage/platform.h"
 
 namespace sage {
 
+// The 16-bit elements behind SageParams' void* data pointers (in_dtype / out_dtype say which
+// format they hold).
+SAGE_HD const uint16_t* halves(const void* p) { return static_cast<const uint16_t*>(p); }
+SAGE_HD uint16_t* halves(void* p) { return static_cast<uint16_t*>(p); }
+
 SAGE_HD constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 SAGE_HD constexpr int64_t padded_len(int64_t len) { return round_up(len, SAGE_SEQ_ALIGN); }
 SAGE_HD constexpr int64_t scale_blocks(int64_t padded) { return padded / SAGE_SCALE_BLOCK; }
-
-// (b, h) -> linear head index (scales and transposed V are head-major).
-SAGE_HD constexpr int64_t head_index(const SageParams& p, int64_t b, int64_t h) {
-  return b * p.heads + h;
+// The kernel head dim that serves `head_dim` channels (prepare zero-pads the rest).
+SAGE_HD constexpr int padded_head_dim(int head_dim) {
+  return head_dim <= SAGE_HEAD_DIM_SMALL ? SAGE_HEAD_DIM_SMALL : SAGE_HEAD_DIM_LARGE;
 }
-// INT8 Q/K: [B, S_pad, H, 128]. Consecutive rows of one head are `qk8_row_stride` apart.
-SAGE_HD constexpr int64_t qk8_row_stride(int64_t heads) { return heads * SAGE_HEAD_DIM; }
+SAGE_HD constexpr bool head_dim_supported(int head_dim) {
+  return head_dim >= SAGE_HEAD_DIM_ALIGN && head_dim <= SAGE_MAX_HEAD_DIM &&
+         head_dim % SAGE_HEAD_DIM_ALIGN == 0;
+}
+
+// (b, h) -> linear head index among `heads` heads (scales and transposed V are head-major).
+SAGE_HD constexpr int64_t head_index(int64_t heads, int64_t b, int64_t h) { return b * heads + h; }
+// Query heads per key/value head (GQA group size; 1 without GQA).
+SAGE_HD constexpr int group_size(const SageParams& p) { return p.heads_q / p.heads_kv; }
+// The key/value head that query head hq reads (torch's enable_gqa: repeat_interleave).
+SAGE_HD constexpr int kv_head_of(const SageParams& p, int hq) { return hq / group_size(p); }
+// INT8 Q/K: [B, S_pad, H, D]. Consecutive rows of one head are `qk8_row_stride` apart.
+SAGE_HD constexpr int64_t qk8_row_stride(int64_t heads, int64_t dim) { return heads * dim; }
 // Element offset of (b, s, h, d).
-SAGE_HD constexpr int64_t qk8_offset(int64_t heads, int64_t s_pad, int64_t b, int64_t s, int64_t h,
-                                     int64_t d) {
-  return ((b * s_pad + s) * heads + h) * SAGE_HEAD_DIM + d;
+SAGE_HD constexpr int64_t qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, int64_t b,
+                                     int64_t s, int64_t h, int64_t d) {
+  return ((b * s_pad + s) * heads + h) * dim + d;
 }
 // Q/K scales: [B, H, S_pad / 32]; offset of the scale of row s of linear head `head`.
 SAGE_HD constexpr int64_t qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {
   return head * scale_blocks(s_pad) + s / SAGE_SCALE_BLOCK;
 }
-// FP8 V transposed: [B, H, 128, S_pad]; offset of (linear head, channel d, key s).
-SAGE_HD constexpr int64_t v8_offset(int64_t head, int64_t s_pad, int64_t d, int64_t s) {
-  return (head * SAGE_HEAD_DIM + d) * s_pad + s;
+// FP8 V transposed: [B, H, D, S_pad]; offset of (linear head, channel d, key s).
+SAGE_HD constexpr int64_t v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d,
+                                    int64_t s) {
+  return (head * dim + d) * s_pad + s;
 }
-// V scales: [B, H, 128].
-SAGE_HD constexpr int64_t v_scale_offset(int64_t head, int64_t d) {
-  return head * SAGE_HEAD_DIM + d;
+// Per-channel vectors of a key/value head — V scales and the K mean: [B, H, D].
+SAGE_HD constexpr int64_t channel_offset(int64_t head, int64_t dim, int64_t d) {
+  return head * dim + d;
 }
-// BF16 [B, S, H, 128] with arbitrary b/s/h strides (elements).
+// [B, S, H, D] inputs and outputs with arbitrary b/s/h strides (elements).
 SAGE_HD constexpr int64_t bshd_offset(int64_t sb, int64_t ss, int64_t sh, int64_t b, int64_t s,
                                       int64_t h) {
   return b * sb + s * ss + h * sh;
+}
+// LSE: [B, heads_q, out_rows] with b/h strides, rows contiguous.
+SAGE_HD constexpr int64_t lse_offset(const SageParams& p, int64_t b, int64_t h, int64_t s) {
+  return b * p.lse_stride_b + h * p.lse_stride_h + s;
+}
+
+// Causal masking (top-left aligned): the keys query row `row` sees are [0, keys_seen).
+SAGE_HD constexpr int64_t causal_keys_seen(int64_t row, int64_t kv_len) {
+  return row + 1 < kv_len ? row + 1 : kv_len;
+}
+// Keys that any of the query rows [row0, row0 + rows) sees: a KV tile starting at or beyond
+// this is fully masked for the whole block and is skipped.
+SAGE_HD constexpr int64_t keys_for_rows(const SageParams& p, int64_t row0, int64_t rows) {
+  return p.mask == SAGE_MASK_CAUSAL ? causal_keys_seen(row0 + rows - 1, p.kv_len) : p.kv_len;
 }
 
 }  // namespace sage

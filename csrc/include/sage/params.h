@@ -12,10 +12,17 @@ extern "C" {
 // built against another version (a stale cached .so is rebuilt instead of misread).
 // 2: upstream's prepared layouts (Q/K [B, S_pad, H, 128], S_pad a multiple of 32), FP32 RoPE
 //    tables, the host-rounded Q factor, padded output rows.
-#define SAGE_ABI_VERSION 2
+// 3: contract v2: head dim (64 / 128 kernels, other D <= 128 zero-padded), heads_q/heads_kv
+//    (GQA/MQA), input/output dtype (BF16/FP16), mask mode (causal), LSE output, K smoothing.
+#define SAGE_ABI_VERSION 3
 
-// Fixed by the v1 op contract.
-#define SAGE_HEAD_DIM 128
+// Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
+// that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
+#define SAGE_HEAD_DIM_SMALL 64
+#define SAGE_HEAD_DIM_LARGE 128
+#define SAGE_MAX_HEAD_DIM SAGE_HEAD_DIM_LARGE
+// Input rows are read in 16-byte pieces (8 16-bit channels).
+#define SAGE_HEAD_DIM_ALIGN 8
 // Rows of Q (or K) that share one FP32 quantization scale.
 #define SAGE_SCALE_BLOCK 32
 // Prepared sequence axes are padded to a multiple of this (upstream's layout): one scale
@@ -24,33 +31,52 @@ extern "C" {
 // Longest sequence: keeps every per-head offset of the prepared tensors (128 * S_pad bytes
 // of transposed V) inside 32 bits, which the gfx12 kernels' lane offsets rely on.
 #define SAGE_MAX_SEQ_LEN (1 << 24)
+// Batch and head counts: grid dimensions of the GPU launches.
+#define SAGE_MAX_GRID_DIM 65535
 
 typedef uint16_t sage_bf16_t;  // raw BF16 bits
+typedef uint16_t sage_fp16_t;  // raw IEEE binary16 bits
 typedef uint8_t sage_fp8_t;    // raw OCP e4m3fn bits
+
+// 16-bit floating-point formats of the inputs (q, k, v, norm weights) and of the output.
+enum SageDtype { SAGE_DTYPE_BF16 = 0, SAGE_DTYPE_FP16 = 1 };
+// Which keys a query sees. CAUSAL: query i sees keys j <= i (top-left aligned, as
+// torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when q_len != kv_len).
+enum SageMask { SAGE_MASK_NONE = 0, SAGE_MASK_CAUSAL = 1 };
 
 typedef struct SageParams {
   // ---- problem size ----
   int32_t batch;
-  int32_t heads;
-  int32_t q_len;       // real query rows
-  int32_t kv_len;      // real key/value rows
-  int32_t q_len_pad;   // rows of the prepared Q tensors: a multiple of SAGE_SEQ_ALIGN >= q_len
-  int32_t kv_len_pad;  // rows of the prepared K/V tensors: same rule for kv_len
+  int32_t heads_q;       // query heads (and output heads)
+  int32_t heads_kv;      // key/value heads; heads_q is a multiple (GQA/MQA: query head h reads
+                         // key/value head h / (heads_q / heads_kv))
+  int32_t head_dim;      // channels of q, k, v and the output: a multiple of 8, <= 128
+  int32_t head_dim_pad;  // channels of the prepared tensors: 64 or 128 (the kernel variant);
+                         // channels >= head_dim are zero
+  int32_t q_len;         // real query rows
+  int32_t kv_len;        // real key/value rows
+  int32_t q_len_pad;     // rows of the prepared Q tensors: a multiple of SAGE_SEQ_ALIGN >= q_len
+  int32_t kv_len_pad;    // rows of the prepared K/V tensors: same rule for kv_len
+  int32_t in_dtype;      // SageDtype of q, k, v and the norm weights (prepare)
+  int32_t out_dtype;     // SageDtype of out (attention)
+  int32_t mask;          // SageMask (attention)
+  int32_t smooth_k;      // prepare: quantize K minus its per-channel mean over the keys (k_mean)
   // float32(softmax_scale * log2 e) with the product formed in double on the host (upstream's
   // rounding); Q is multiplied by it before quantization so the kernels use exp2.
   float q_prescale;
 
-  // ---- prepare inputs: BF16 [B, S, H, 128], last dim contiguous, strides in elements ----
-  const sage_bf16_t* q;
-  const sage_bf16_t* k;
-  const sage_bf16_t* v;
+  // ---- prepare inputs: in_dtype [B, S, H, head_dim], last dim contiguous, strides in
+  //      elements; q has heads_q heads, k and v heads_kv ----
+  const void* q;
+  const void* k;
+  const void* v;
   int64_t q_stride_b, q_stride_s, q_stride_h;
   int64_t k_stride_b, k_stride_s, k_stride_h;
   int64_t v_stride_b, v_stride_s, v_stride_h;
 
-  // ---- optional fused QK RMSNorm (weights BF16 [128]; both null = off) ----
-  const sage_bf16_t* q_norm_weight;
-  const sage_bf16_t* k_norm_weight;
+  // ---- optional fused QK RMSNorm (weights in_dtype [head_dim]; both null = off) ----
+  const void* q_norm_weight;
+  const void* k_norm_weight;
   float norm_eps;
   // ---- optional rotate-half RoPE on channels [0, rope_dim): cos/sin FP32 [q_len, rope_dim],
   //      row stride rope_stride_s (elements); null = off. Applied to Q and K (q_len == kv_len).
@@ -59,19 +85,28 @@ typedef struct SageParams {
   int32_t rope_dim;
   int64_t rope_stride_s;
 
-  // ---- prepared tensors (contiguous; see layout.h) ----
-  int8_t* q8;      // [B, q_len_pad, H, 128]
-  float* q_scale;  // [B, H, q_len_pad / 32]
-  int8_t* k8;      // [B, kv_len_pad, H, 128]
-  float* k_scale;  // [B, H, kv_len_pad / 32]
-  sage_fp8_t* v8;  // [B, H, 128, kv_len_pad]  (V transposed)
-  float* v_scale;  // [B, H, 128]
+  // ---- prepared tensors (contiguous; see layout.h). D = head_dim_pad ----
+  int8_t* q8;      // [B, q_len_pad, heads_q, D]
+  float* q_scale;  // [B, heads_q, q_len_pad / 32]
+  int8_t* k8;      // [B, kv_len_pad, heads_kv, D]
+  float* k_scale;  // [B, heads_kv, kv_len_pad / 32]
+  sage_fp8_t* v8;  // [B, heads_kv, D, kv_len_pad]  (V transposed)
+  float* v_scale;  // [B, heads_kv, D]
+  // [B, heads_kv, D] FP32 mean of K over the real keys (after norm/RoPE). Prepare writes it
+  // when smooth_k (K is quantized minus it); attention reads it when non-null to report the LSE
+  // of the unsmoothed scores. Null: no smoothing.
+  float* k_mean;
 
-  // ---- attention output: BF16 [B, out_rows, H, 128], last dim contiguous. Rows < q_len hold
-  //      the attention, rows in [q_len, out_rows) are zero (out_rows <= q_len_pad). ----
-  sage_bf16_t* out;
+  // ---- attention output: out_dtype [B, out_rows, heads_q, head_dim], last dim contiguous.
+  //      Rows < q_len hold the attention, rows in [q_len, out_rows) are zero
+  //      (out_rows <= q_len_pad). ----
+  void* out;
   int32_t out_rows;
   int64_t out_stride_b, out_stride_s, out_stride_h;
+  // ---- optional log-sum-exp, FP32 [B, heads_q, out_rows] (natural log of the sum of
+  //      exp(softmax_scale * q.k) over the keys a row sees); rows >= q_len get -inf. Null: off.
+  float* lse;
+  int64_t lse_stride_b, lse_stride_h;
 
   // ---- host backends only: worker threads (<= 0: all hardware threads) ----
   int32_t num_threads;

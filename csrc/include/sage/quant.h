@@ -25,6 +25,42 @@ SAGE_HD sage_bf16_t f32_to_bf16(float x) {
 // Products and sums of BF16 tensors in eager PyTorch: computed in FP32, rounded to BF16.
 SAGE_HD float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
+// IEEE binary16, exactly as torch converts (NaN keeps its payload on the way in and becomes
+// the canonical quiet NaN 0x7e00 with its sign on the way out; overflow rounds to +-inf).
+SAGE_HD float fp16_to_f32(sage_fp16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {  // zero or subnormal: m * 2^-24, exact
+    const float mag = float(m) * 5.9604644775390625e-08f;
+    return bits_f32(f32_bits(mag) | sign);
+  }
+  if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
+  return bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+SAGE_HD sage_fp16_t f32_to_fp16(float x) {
+  const uint32_t u = f32_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t ua = u & 0x7fffffffu;
+  if (ua > 0x7f800000u) return sage_fp16_t(sign | 0x7e00u);
+  if (ua >= 0x477ff000u) return sage_fp16_t(sign | 0x7c00u);  // >= 65520 (the tie) -> inf
+  if (ua < 0x38800000u)  // below 2^-14: subnormal, multiples of 2^-24 (1024 = smallest normal)
+    return sage_fp16_t(sign | uint32_t(__builtin_rintf(bits_f32(ua) * 16777216.0f)));
+  const uint32_t r = (ua + 0xfffu + ((ua >> 13) & 1u)) >> 13;  // RNE to 10 mantissa bits
+  return sage_fp16_t(sign | (r - (112u << 10)));
+}
+SAGE_HD float fp16_round(float x) { return fp16_to_f32(f32_to_fp16(x)); }
+
+// The 16-bit formats of SageDtype: decode raw bits, round a float32 to the format, encode.
+SAGE_HD float half_to_f32(uint16_t raw, int dtype) {
+  return dtype == SAGE_DTYPE_FP16 ? fp16_to_f32(raw) : bf16_to_f32(raw);
+}
+SAGE_HD float round_to_dtype(float x, int dtype) {
+  return dtype == SAGE_DTYPE_FP16 ? fp16_round(x) : bf16_round(x);
+}
+SAGE_HD uint16_t f32_to_half(float x, int dtype) {
+  return dtype == SAGE_DTYPE_FP16 ? f32_to_fp16(x) : f32_to_bf16(x);
+}
+
 // Q factor float32(softmax_scale * log2 e), the product in double (host side: the binding
 // fills SageParams::q_prescale with it; the kernels then use exp2).
 inline float q_prescale_from(double softmax_scale) {
@@ -88,23 +124,36 @@ SAGE_HD sage_fp8_t quant_v(float v, float scale) {
   return f32_to_e4m3_sat(scale > 0.0f ? v / scale : 0.0f);
 }
 
+// ---- K smoothing: the per-channel mean of K over the real keys, in a pinned order ----
+// 32 partial sums per channel, partial g summing keys g, g + 32, g + 64, ... in turn (from
+// +0); then the partials in turn, ((p0 + p1) + p2) + ... + p31; then one division by kv_len.
+// Every addition is a float32 rounding; smoothed K is float32(k) - mean, one rounding.
+constexpr int kMeanPartials = 32;
+SAGE_HD float k_mean_from_partials(const float* partials, int kv_len) {
+  float total = partials[0];
+  for (int g = 1; g < kMeanPartials; ++g) total = total + partials[g];
+  return total / float(kv_len);
+}
+
 // ---- fused QK RMSNorm + RoPE (upstream: F.rms_norm, then RoPE in FP32) ----
-// Sum of squares of a 128-channel row in the pinned order of aiter_sage/ref.py
-// rms_sum_squares: 4 accumulators x 8 lanes, accumulator a lane l summing channels
-// 8a + l + 32i for i = 0..3 in turn; then ((a0 + a1) + a2) + a3 per lane; then lanes 0..7
-// in turn (torch's CPU reduction order at its AVX2 capability).
+// Sum of squares of a row of head_dim channels (a multiple of 32) in the pinned order of
+// aiter_sage/ref.py rms_sum_squares: 4 accumulators x 8 lanes, accumulator a lane l summing
+// channels 8a + l + 32i for i = 0..head_dim/32 - 1 in turn; then ((a0 + a1) + a2) + a3 per
+// lane; then lanes 0..7 in turn (torch's CPU reduction order at its AVX2 capability for 128).
 constexpr int kNormLanes = 8;
 constexpr int kNormAccs = 4;
-constexpr int kNormRounds = SAGE_HEAD_DIM / (kNormLanes * kNormAccs);  // 4
-SAGE_HD float rms_sum_squares(const float* x) {
+constexpr int kNormChannelsPerRound = kNormLanes * kNormAccs;  // 32
+SAGE_HD int norm_rounds(int head_dim) { return head_dim / kNormChannelsPerRound; }
+SAGE_HD float rms_sum_squares(const float* x, int head_dim) {
+  const int rounds = norm_rounds(head_dim);
   float total = 0.0f;
   for (int l = 0; l < kNormLanes; ++l) {
     float lane = 0.0f;
     for (int a = 0; a < kNormAccs; ++a) {
       const int c0 = kNormLanes * a + l;
       float acc = x[c0] * x[c0];
-      for (int i = 1; i < kNormRounds; ++i) {
-        const int c = c0 + kNormLanes * kNormAccs * i;
+      for (int i = 1; i < rounds; ++i) {
+        const int c = c0 + kNormChannelsPerRound * i;
         acc = acc + x[c] * x[c];
       }
       lane = a == 0 ? acc : lane + acc;
@@ -113,24 +162,29 @@ SAGE_HD float rms_sum_squares(const float* x) {
   }
   return total;
 }
-// 1 / sqrt(sum / 128 + eps) with each step correctly rounded.
-SAGE_HD float rms_inv(float sum_squares, float eps) {
-  float mean = sum_squares / float(SAGE_HEAD_DIM);
+// 1 / sqrt(sum / head_dim + eps) with each step correctly rounded.
+SAGE_HD float rms_inv(float sum_squares, float eps, int head_dim) {
+  float mean = sum_squares / float(head_dim);
   return 1.0f / __builtin_sqrtf(mean + eps);
 }
-// y = bf16((x * inv) * w): FP32 inside, one rounding.
-SAGE_HD float rms_apply(float x, float inv, float w) { return bf16_round((x * inv) * w); }
-// Rotate-half RoPE of channel c < rope_dim in FP32 with one rounding to BF16: x*cos + rot*sin,
-// rot = -x[c + rd/2] for c < rd/2 and x[c - rd/2] otherwise; `partner` is x[c +- rd/2]. Each
-// product and the sum are separate float32 roundings (callers compile with contraction off).
-SAGE_HD float rope_apply(float x, float partner, int c, int rope_dim, float cos_c, float sin_c) {
+// y = round((x * inv) * w) to the input format: FP32 inside, one rounding.
+SAGE_HD float rms_apply(float x, float inv, float w, int dtype) {
+  return round_to_dtype((x * inv) * w, dtype);
+}
+// Rotate-half RoPE of channel c < rope_dim in FP32 with one rounding to the input format:
+// x*cos + rot*sin, rot = -x[c + rd/2] for c < rd/2 and x[c - rd/2] otherwise; `partner` is
+// x[c +- rd/2]. Each product and the sum are separate float32 roundings (callers compile with
+// contraction off).
+SAGE_HD float rope_apply(float x, float partner, int c, int rope_dim, float cos_c, float sin_c,
+                         int dtype) {
   const float rot = c < rope_dim / 2 ? -partner : partner;
   const float a = x * cos_c;
   const float b = rot * sin_c;
-  return bf16_round(a + b);
+  return round_to_dtype(a + b, dtype);
 }
-SAGE_HD bool rope_dim_supported(int rope_dim) {
-  return rope_dim == 32 || rope_dim == 64 || rope_dim == 96 || rope_dim == 128;
+// Upstream's rope dims are 32, 64, 96, 128; with smaller heads, the multiples of 32 up to D.
+SAGE_HD bool rope_dim_supported(int rope_dim, int head_dim) {
+  return rope_dim >= 32 && rope_dim % 32 == 0 && rope_dim <= head_dim;
 }
 
 }  // namespace sage
