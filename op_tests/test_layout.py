@@ -23,10 +23,10 @@ def probe():
     lib = ctypes.CDLL(str(jit_driver.ensure_module(spec, "cpu")))
     i64 = ctypes.c_int64
     for name, args in (
-        ("sage_qk8_offset", [i64] * 6),
+        ("sage_qk8_offset", [i64] * 7),
         ("sage_qk_scale_offset", [i64] * 3),
-        ("sage_v8_offset", [i64] * 4),
-        ("sage_v_scale_offset", [i64] * 2),
+        ("sage_v8_offset", [i64] * 5),
+        ("sage_channel_offset", [i64] * 3),
         ("sage_padded_len", [i64]),
     ):
         getattr(lib, name).restype = i64
@@ -42,7 +42,13 @@ def probe():
     lib.sage_f32_to_bf16.restype = ctypes.c_uint16
     lib.sage_f32_to_bf16.argtypes = [ctypes.c_float]
     lib.sage_rms_sum_squares.restype = ctypes.c_float
-    lib.sage_rms_sum_squares.argtypes = [ctypes.POINTER(ctypes.c_float)]
+    lib.sage_rms_sum_squares.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_int]
+    lib.sage_f32_to_fp16.restype = ctypes.c_uint16
+    lib.sage_f32_to_fp16.argtypes = [ctypes.c_float]
+    lib.sage_fp16_to_f32.restype = ctypes.c_float
+    lib.sage_fp16_to_f32.argtypes = [ctypes.c_uint16]
+    lib.sage_padded_head_dim.restype = ctypes.c_int
+    lib.sage_padded_head_dim.argtypes = [ctypes.c_int]
     return lib
 
 
@@ -51,30 +57,45 @@ def test_padded_len(probe):
         assert probe.sage_padded_len(n) == ref.padded_len(n) == (n + 31) // 32 * 32
 
 
-@pytest.mark.parametrize("b,h,s", [(1, 1, 1), (2, 3, 200), (1, 2, 300)])
-def test_offsets_match_prepared_tensor_strides(probe, b, h, s):
+def test_padded_head_dim(probe):
+    for d in range(8, 129, 8):
+        assert probe.sage_padded_head_dim(d) == ref.padded_head_dim(d) == (64 if d <= 64 else 128)
+
+
+@pytest.mark.parametrize(
+    "b,hq,hkv,s,d", [(1, 1, 1, 1, 128), (2, 3, 3, 200, 128), (1, 4, 2, 300, 64), (2, 2, 1, 40, 72)]
+)
+def test_offsets_match_prepared_tensor_strides(probe, b, hq, hkv, s, d):
     """layout.h addresses exactly the elements torch addresses in ref.prepare's tensors."""
-    q = torch.zeros(b, s, h, 128, dtype=torch.bfloat16)
-    p = ref.prepare(q, q, q, 1.0)
-    s_pad = p.q_int8.shape[1]
-    for bi, hi in itertools.product(range(b), range(h)):
-        head = bi * h + hi
-        for si, d in ((0, 0), (s - 1, 127), (s_pad - 1, 5), (min(33, s_pad - 1), 64)):
+    q = torch.zeros(b, s, hq, d, dtype=torch.bfloat16)
+    kv = torch.zeros(b, s, hkv, d, dtype=torch.bfloat16)
+    p = ref.prepare(q, kv, kv, 1.0)
+    s_pad, dp = p.q_int8.shape[1], p.q_int8.shape[3]
+    assert dp == ref.padded_head_dim(d)
+    for bi, hi in itertools.product(range(b), range(hq)):
+        for si, c in ((0, 0), (s - 1, dp - 1), (s_pad - 1, 5), (min(33, s_pad - 1), dp // 2)):
             assert (
-                probe.sage_qk8_offset(h, s_pad, bi, si, hi, d)
-                == p.q_int8[bi, si, hi, d].data_ptr() - p.q_int8.data_ptr()
+                probe.sage_qk8_offset(hq, dp, s_pad, bi, si, hi, c)
+                == p.q_int8[bi, si, hi, c].data_ptr() - p.q_int8.data_ptr()
             )
             assert (
-                probe.sage_qk_scale_offset(head, s_pad, si) * 4
+                probe.sage_qk_scale_offset(bi * hq + hi, s_pad, si) * 4
                 == p.q_scale[bi, hi, si // 32].data_ptr() - p.q_scale.data_ptr()
             )
+            if hi >= hkv:
+                continue
+            head = bi * hkv + hi
             assert (
-                probe.sage_v8_offset(head, s_pad, d, si)
-                == p.v_fp8[bi, hi, d, si].data_ptr() - p.v_fp8.data_ptr()
+                probe.sage_qk8_offset(hkv, dp, s_pad, bi, si, hi, c)
+                == p.k_int8[bi, si, hi, c].data_ptr() - p.k_int8.data_ptr()
             )
             assert (
-                probe.sage_v_scale_offset(head, d) * 4
-                == p.v_scale[bi, hi, d].data_ptr() - p.v_scale.data_ptr()
+                probe.sage_v8_offset(head, dp, s_pad, c, si)
+                == p.v_fp8[bi, hi, c, si].data_ptr() - p.v_fp8.data_ptr()
+            )
+            assert (
+                probe.sage_channel_offset(head, dp, c) * 4
+                == p.v_scale[bi, hi, c].data_ptr() - p.v_scale.data_ptr()
             )
 
 
@@ -115,11 +136,13 @@ def test_scalar_quantizers_match_reference(probe):
         assert [probe.sage_quant_v(float(x), scale) for x in xs] == vwant.tolist()
 
 
-def test_scalar_rms_sum_squares_matches_reference(probe):
+@pytest.mark.parametrize("d", [32, 64, 96, 128])
+def test_scalar_rms_sum_squares_matches_reference(probe, d):
     g = torch.Generator().manual_seed(3)
-    for _ in range(200):
-        x = (torch.randn(128, generator=g) * 3).to(torch.bfloat16).float().contiguous()
-        got = probe.sage_rms_sum_squares(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float)))
+    for _ in range(100):
+        x = (torch.randn(d, generator=g) * 3).to(torch.bfloat16).float().contiguous()
+        ptr = ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float))
+        got = probe.sage_rms_sum_squares(ptr, d)
         assert torch.tensor(got, dtype=torch.float32).view(torch.int32) == ref.rms_sum_squares(
             x
         ).view(torch.int32)
@@ -130,6 +153,22 @@ def test_scalar_bf16_rounding(probe):
     want = xs.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
     got = torch.tensor([probe.sage_f32_to_bf16(float(x)) for x in xs], dtype=torch.int32)
     assert torch.equal(got, want)
+
+
+def test_scalar_fp16_conversions_match_torch(probe):
+    """quant.h's FP16 encode (RNE, overflow to inf, subnormals) and decode equal torch's."""
+    g = torch.Generator().manual_seed(4)
+    special = [65504.0, 65519.99, 65520.0, 1e6, -1e6, 6.1e-5, 6.0e-8, 2.9e-8, 3.0e-8, 0.0, -0.0]
+    xs = torch.cat([torch.randn(3000, generator=g) * 1e3, torch.randn(1000, generator=g) * 1e-5])
+    xs = torch.cat([xs, torch.tensor(special + [float("inf"), -float("inf")])])
+    want = xs.to(torch.float16).view(torch.int16).to(torch.int32) & 0xFFFF
+    got = torch.tensor([probe.sage_f32_to_fp16(float(x)) for x in xs], dtype=torch.int32)
+    assert torch.equal(got, want)
+    assert probe.sage_f32_to_fp16(float("nan")) & 0x7FFF == 0x7E00
+    bits = torch.arange(0, 1 << 16, 7, dtype=torch.int32)
+    halves = bits.to(torch.int16).view(torch.float16).float()
+    dec = torch.tensor([probe.sage_fp16_to_f32(int(b)) for b in bits])
+    assert torch.equal(dec.nan_to_num(7.0), halves.nan_to_num(7.0))
 
 
 if __name__ == "__main__":

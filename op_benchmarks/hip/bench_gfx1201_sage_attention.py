@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""Benchmark gfx1201_sage_attention against torch SDPA (BF16), side by side in one run.
+"""Benchmark gfx1201_sage_attention against torch SDPA, side by side in one run.
 
 Providers
   sage       prepare + attention (what a model calls)
   sage_core  the attention kernel alone on prepared tensors
-  sdpa_bf16  torch.nn.functional.scaled_dot_product_attention on BF16 [B, H, S, D]
+  sdpa_bf16  torch.nn.functional.scaled_dot_product_attention on [B, H, S, D] in the input
+             dtype (named sdpa_fp16 with --dtype fp16; same causal and GQA options)
 
-Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters` timed calls
-in turn (interleaved, so drift hits all alike); the median per-call time over rounds is
-reported. TFLOPS = 4 * B * H * S^2 * D / t. With --compare_to_ref each provider's output is
-also scored against the FP32 reference: cosine, relative L2, and % of elements outside the
-band (atol 0.3, rtol 0.25).
+Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head), each a
+CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
+`--iters` timed calls in turn (interleaved, so drift hits all alike); the median per-call time
+over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a
+causal kernel does). With --compare_to_ref each provider's output is also scored against the
+FP32 reference: cosine, relative L2, and % of elements outside the band (atol 0.3, rtol 0.25).
 
 The backend is the best present (an RDNA4 GPU, else the CPU); --backend picks one.
 """
@@ -32,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiter_sage  # noqa: E402
 from aiter_sage import ref  # noqa: E402
 
-HEAD_DIM = 128
-PROVIDERS = ("sage", "sage_core", "sdpa_bf16")
+PROVIDERS = ("sage", "sage_core", "sdpa")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Default shapes per backend, sized so a run takes about a minute there.
 DEFAULT_SHAPES = {
@@ -67,27 +69,34 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def make_inputs(b, h, s, device, seed=0):
+def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (
-        torch.randn((b, s, h, HEAD_DIM), generator=g).to(torch.bfloat16).to(device)
-        for _ in range(3)
-    )
-    return q, k, v
+    shapes = ((b, s, h, d), (b, s, h // gqa, d), (b, s, h // gqa, d))
+    return tuple(torch.randn(sh, generator=g).to(dtype).to(device) for sh in shapes)
 
 
-def provider_calls(q, k, v, scale, backend):
+def provider_calls(q, k, v, scale, backend, causal):
     """name -> zero-argument callable returning the output in [B, S, H, D]."""
     prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
-    s = q.shape[1]
+    s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    gqa = q.shape[2] != k.shape[2]
+
+    def core():
+        out = aiter_sage.gfx1201_sage_attention_fwd(
+            *prepared, s, is_causal=causal, out_dtype=q.dtype, backend=backend
+        )
+        return out[:, :s, :, :d]
+
     return {
-        "sage": lambda: aiter_sage.gfx1201_sage_attention(q, k, v, scale, backend=backend),
-        "sage_core": lambda: aiter_sage.gfx1201_sage_attention_fwd(*prepared, s, backend=backend)[
-            :, :s
-        ],
-        "sdpa_bf16": lambda: sdpa(qh, kh, vh, scale=scale).transpose(1, 2),
+        "sage": lambda: aiter_sage.gfx1201_sage_attention(
+            q, k, v, scale, is_causal=causal, backend=backend
+        ),
+        "sage_core": core,
+        "sdpa": lambda: sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
+            1, 2
+        ),
     }
 
 
@@ -116,6 +125,10 @@ def run(args):
     heads = args.heads or defaults["heads"]
     seqs = args.seqs or defaults["seqs"]
     providers = args.providers or list(PROVIDERS)
+    dtype = DTYPES[args.dtype]
+    d = args.head_dim
+    if heads % args.gqa:
+        raise SystemExit(f"--gqa {args.gqa} must divide the head count {heads}")
     if args.threads:
         torch.set_num_threads(args.threads)
     print(
@@ -123,27 +136,39 @@ def run(args):
         f"threads={torch.get_num_threads()} torch={torch.__version__} cpu={cpu_name()} "
         f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}"
     )
+    sdpa_name = f"sdpa_{args.dtype}"
     rows = []
     for s in seqs:
-        q, k, v = make_inputs(batch, heads, s, device)
-        scale = HEAD_DIM**-0.5
-        calls = {n: f for n, f in provider_calls(q, k, v, scale, backend).items() if n in providers}
+        q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa)
+        scale = d**-0.5
+        calls = {
+            n: f
+            for n, f in provider_calls(q, k, v, scale, backend, args.causal).items()
+            if n in providers
+        }
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
-        flops = 4.0 * batch * heads * s * s * HEAD_DIM
-        reference = ref.attention_fp32(q, k, v, scale) if args.compare_to_ref else None
+        flops = 4.0 * batch * heads * s * s * d * (0.5 if args.causal else 1.0)
+        reference = (
+            ref.attention_fp32(q, k, v, scale, is_causal=args.causal)
+            if args.compare_to_ref
+            else None
+        )
         for name in calls:
             row = dict(
                 backend=backend,
                 B=batch,
                 H=heads,
                 S=s,
-                D=HEAD_DIM,
-                provider=name,
+                D=d,
+                dtype=args.dtype,
+                causal=args.causal,
+                gqa=args.gqa,
+                provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
                 tflops=flops / times[name] / 1e12,
             )
-            if "sdpa_bf16" in times:
-                row["speedup_vs_sdpa"] = times["sdpa_bf16"] / times[name]
+            if "sdpa" in times:
+                row["speedup_vs_sdpa"] = times["sdpa"] / times[name]
             if reference is not None:
                 acc = ref.accuracy(calls[name](), reference)
                 row.update(
@@ -176,6 +201,10 @@ def main(argv=None):
     p.add_argument("-n", "--heads", type=int, help="number of heads")
     p.add_argument("-s", "--seqs", type=int, nargs="+", help="sequence lengths")
     p.add_argument("--providers", nargs="+", choices=PROVIDERS)
+    p.add_argument("--dtype", choices=DTYPES, default="bf16", help="input (and output) dtype")
+    p.add_argument("--head_dim", type=int, default=128, help="head dim D (<= 128)")
+    p.add_argument("--causal", action="store_true", help="causal attention (is_causal=True)")
+    p.add_argument("--gqa", type=int, default=1, help="query heads per key/value head")
     p.add_argument("--backend", choices=aiter_sage.BACKENDS, help="default: best present")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
@@ -193,7 +222,8 @@ def main(argv=None):
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
             w.writeheader()
             w.writerows(rows)
-    if args.compare_to_ref and not all(r["in_band"] for r in rows if r["provider"] != "sdpa_bf16"):
+    ours = [r for r in rows if not r["provider"].startswith("sdpa")]
+    if args.compare_to_ref and not all(r["in_band"] for r in ours):
         print("# FAIL: an aiter_sage output is outside the accuracy band", file=sys.stderr)
         return 1
     return 0
