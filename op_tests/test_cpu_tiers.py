@@ -133,6 +133,94 @@ def test_tier_results_do_not_depend_on_threads(tier):
     assert torch.equal(one, three)
 
 
+# ---- contract v2 on every tier: head dims, FP16, GQA, smooth_k, causal, LSE --------------------
+def _qkv_v2(b, sq, skv, hq, hkv, d, dtype, seed):
+    """BF16/FP16 [B, S, H, D] inputs; K with a common offset (what smoothing removes)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k = (torch.randn(b, skv, hkv, d, generator=g) + 0.5).to(dtype)
+    v = torch.randn(b, skv, hkv, d, generator=g).to(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    "d,dtype,hq,hkv,smooth_k,fused",
+    [
+        (40, torch.bfloat16, 2, 2, False, False),  # D64 kernel, zero-filled channels
+        (64, torch.float16, 4, 2, True, True),  # FP16, GQA, smoothing, norm/rope over 64
+        (96, torch.bfloat16, 3, 1, True, True),  # MQA, D128 kernel, 3 norm rounds
+        (72, torch.float16, 2, 2, True, False),
+    ],
+)
+def test_tier_prepare_v2_bit_exact(tier, d, dtype, hq, hkv, smooth_k, fused):
+    q, k, v = _qkv_v2(2, 70, 45, hq, hkv, d, dtype, seed=d)
+    extra = ()
+    if fused:
+        g = torch.Generator().manual_seed(1)
+        w = [(torch.rand(d, generator=g) + 0.5).to(dtype) for _ in range(2)]
+        extra = (*w, *rope_tables(70, 32))
+        k = torch.cat([k, k], dim=1)[:, :70]  # RoPE needs q_len == kv_len
+        v = torch.cat([v, v], dim=1)[:, :70]
+    got = aiter_sage.gfx1201_sage_prepare(q, k, v, 0.1, *extra, smooth_k=smooth_k, backend="cpu")
+    assert_prepared_equal(got, ref.prepare(q, k, v, 0.1, *extra, smooth_k=smooth_k))
+
+
+@pytest.mark.parametrize(
+    "sq,skv,hq,hkv,d,dtype,causal,smooth_k",
+    [
+        (150, 150, 2, 2, 64, torch.bfloat16, True, False),
+        (97, 130, 4, 2, 40, torch.float16, True, True),  # causal with q_len != kv_len
+        (130, 97, 2, 1, 128, torch.bfloat16, True, False),
+        (70, 300, 3, 1, 96, torch.float16, False, True),
+    ],
+)
+def test_tier_attention_v2_in_band_with_lse(tier, sq, skv, hq, hkv, d, dtype, causal, smooth_k):
+    """Output in the inputs' dtype with D channels, in band against FP32 attention; the LSE
+    matches ref's model of the prepared tensors (P unquantized, as the cpu keeps it) to 1e-4,
+    the smoothing term added back."""
+    q, k, v = _qkv_v2(1, sq, skv, hq, hkv, d, dtype, seed=sq + d)
+    out, lse = aiter_sage.gfx1201_sage_attention(
+        q, k, v, is_causal=causal, smooth_k=smooth_k, return_lse=True, backend="cpu"
+    )
+    assert out.dtype == dtype and out.shape == q.shape
+    assert ref.band_failures(ref.accuracy(out, ref.attention_fp32(q, k, v, is_causal=causal))) == []
+    prep, mean = ref.prepare(q, k, v, smooth_k=smooth_k, return_k_mean=True)
+    want = ref.attention_from_prepared(
+        prep,
+        sq,
+        skv,
+        fp8_p=False,
+        is_causal=causal,
+        k_mean=mean if smooth_k else None,
+        head_dim=d,
+        out_dtype=dtype,
+        return_lse=True,
+    )
+    assert ref.accuracy(out, want.out)["rel_l2"] < 5e-3
+    assert torch.allclose(lse, want.lse, atol=1e-4, rtol=0)
+
+
+def test_tier_causal_fwd_pads_and_ignores_future_keys(tier):
+    """Causal through the prepared-tensor op: padded output rows are zero and their LSE -inf;
+    changing keys that no query sees (key i > every row) to other finite values changes
+    nothing. (A NaN V there may reach the rows on the tile tiers, whose P.V steps cover whole
+    32-key groups: 0 * NaN is NaN, as in ref's model, which multiplies every key.)"""
+    q, k, v = _qkv_v2(1, 50, 50, 2, 2, 128, torch.bfloat16, seed=3)
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+    out, lse = aiter_sage.gfx1201_sage_attention_fwd(
+        *prep, 40, kv_len=50, is_causal=True, return_lse=True, backend="cpu"
+    )
+    assert torch.all(out[:, 40:] == 0) and torch.all(lse[..., 40:] == -float("inf"))
+    assert torch.isfinite(lse[..., :40]).all()
+    dirty = [t.clone() for t in prep]
+    dirty[2][:, 40:50] = 77  # keys 40..49: seen by no row < 40
+    dirty[4].view(torch.uint8)[..., 40:50] = 0x7E  # 448, the largest e4m3 value
+    again = aiter_sage.gfx1201_sage_attention_fwd(
+        *dirty, 40, kv_len=50, is_causal=True, backend="cpu"
+    )
+    assert torch.equal(again, out)
+
+
 def test_unknown_tier_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("AITER_SAGE_CPU_ISA", "sse9")
     q, k, v = qkv(1, 8, 8, 1, seed=0)

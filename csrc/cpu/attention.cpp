@@ -1,8 +1,9 @@
 // aiter_sage cpu backend, module module_gfx1201_sage_attention: attention on prepared tensors
-// (INT8 Q/K with block scales, transposed FP8 V with channel scales) -> BF16 [B, q_len, H, 128].
-// The kernel is attention_kernel.inc, compiled per ISA tier; this file validates, picks the
-// tier and spreads (head, query block) items over std::threads in contiguous slices, each
-// worker with its own scratch (which caches the K/V of the head it is on).
+// (INT8 Q/K with block scales, transposed FP8 V with channel scales) -> out_dtype
+// [B, out_rows, Hq, head_dim] (and optionally the LSE). The kernel is attention_kernel.inc,
+// compiled per ISA tier and head dim; this file validates, picks the tier and the head-dim
+// variant and spreads (query head, query block) items over std::threads in contiguous slices,
+// each worker with its own scratch (which caches the K/V of the K/V head it is on).
 #include <stdlib.h>
 
 #include <new>
@@ -45,7 +46,13 @@ struct AlignedBuffer {
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 };
 
-void run_attention(const SageParams& p, const AttentionKernels& k) {
+// The one place where the runtime head dim becomes the compile-time kernel variant.
+const AttentionKernel& kernel_for_head_dim(const SageParams& p, const AttentionKernels& tier) {
+  return p.head_dim_pad == SAGE_HEAD_DIM_SMALL ? tier.head_dim_small : tier.head_dim_large;
+}
+
+void run_attention(const SageParams& p, const AttentionKernels& tier) {
+  const AttentionKernel& k = kernel_for_head_dim(p, tier);
   const int64_t items = k.work_items(p);
   const int threads = resolve_threads(p.num_threads, items);
   parallel_slices(items, threads, [&](int64_t lo, int64_t hi, int) {

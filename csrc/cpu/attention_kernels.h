@@ -6,13 +6,21 @@
 
 namespace sage_cpu {
 
-struct AttentionKernels {
-  // Independent work items (heads x query blocks), in head-major order.
+// The kernel of one head dim (head_dim_pad).
+struct AttentionKernel {
+  // Independent work items (query heads x query blocks), in head-major order (the query heads
+  // of one GQA group are consecutive, so they share a worker's K/V head cache).
   int64_t (*work_items)(const SageParams& p);
   // Scratch bytes one worker needs (64-byte aligned base).
   size_t (*workspace_bytes)(const SageParams& p);
   // Runs items [begin, end) with one worker's scratch.
   void (*run_items)(const SageParams& p, int64_t begin, int64_t end, void* scratch);
+};
+
+// One tier: its kernel per head dim.
+struct AttentionKernels {
+  AttentionKernel head_dim_small;  // head_dim_pad == SAGE_HEAD_DIM_SMALL (64)
+  AttentionKernel head_dim_large;  // head_dim_pad == SAGE_HEAD_DIM_LARGE (128)
 };
 
 extern const AttentionKernels kAttentionScalar;

@@ -7,9 +7,13 @@
 namespace sage_cpu {
 
 struct PrepareKernels {
-  // One 32-row scale block of Q (is_q) or K of linear head `head` (= b * heads + h).
+  // K smoothing: partial sum `g` (< sage::kMeanPartials) of K head `head` per channel, into
+  // partial[0 .. head_dim_pad).
+  void (*k_mean_partial)(const SageParams& p, int64_t head, int g, float* partial);
+  // One 32-row scale block of Q (is_q) or K of linear head `head` (= b * heads + h; heads_q
+  // for Q, heads_kv for K). With smooth_k, p.k_mean must be complete first.
   void (*qk_block)(const SageParams& p, bool is_q, int64_t head, int64_t block);
-  // Per-channel V scales of one head (run before that head's v_chunk items).
+  // Per-channel V scales of one K/V head (run before that head's v_chunk items).
   void (*v_scales)(const SageParams& p, int64_t head);
   // One chunk of kPrepareVChunk keys of V: quantize and transpose.
   void (*v_chunk)(const SageParams& p, int64_t head, int64_t chunk);

@@ -33,13 +33,17 @@ inline VF vi_dot_to_f32(VI acc, int32_t correction) {
 }
 
 // 2^x to ~1e-7 relative (see simd_avx512.h); without vscalefps 2^n is built in the exponent
-// field, so x is clamped to >= -125 where that stays a normal float. The few keys that far
-// below the row max then weigh 2^-125 instead of 0 — invisible next to the max's weight 1;
-// masked keys never reach here (the kernel writes P = 0 for them).
+// field, so x is clamped to >= -125 where that stays a normal float, and lanes below -125
+// (masked keys: -inf, and the first tile's m = -inf) are set to an exact 0 afterwards: a
+// causally masked key must add nothing to l or O (a row that sees no key of a tile stays
+// untouched). Their true weight is below 2^-125, invisible next to the row max's weight 1.
 // The clamp constants are the first operands so that a NaN x passes through (vmaxps/vminps
-// return their second operand when either is NaN) and its row stays non-finite.
+// return their second operand when either is NaN), and the underflow test is "not less than"
+// (true for NaN), so its row stays non-finite.
 inline VF vf_exp2(VF x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-125.0f), x);
+  const VF kMinExponent = _mm256_set1_ps(-125.0f);
+  const VF keep = _mm256_cmp_ps(x, kMinExponent, _CMP_NLT_UQ);
+  x = _mm256_max_ps(kMinExponent, x);
   x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
   VF n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   VF f = _mm256_sub_ps(x, n);
@@ -51,7 +55,7 @@ inline VF vf_exp2(VF x) {
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
   p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
   __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+  return _mm256_and_ps(keep, _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e)));
 }
 
 inline uint32_t pack_pair_i16(int8_t a, int8_t b) {
@@ -60,8 +64,9 @@ inline uint32_t pack_pair_i16(int8_t a, int8_t b) {
 inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   return pack_pair_i16(q_row[2 * word], q_row[2 * word + 1]);
 }
+template <int kDim>
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
-  for (int w = 0; w < SAGE_HEAD_DIM_LARGE / kQkChansPerWord; ++w)
+  for (int w = 0; w < kDim / kQkChansPerWord; ++w)
     words[w] = pack_pair_i16(k_row[2 * w], k_row[2 * w + 1]);
   return 0;
 }
@@ -75,7 +80,3 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
                          _mm256_set1_ps(__builtin_bit_cast(float, v_word)), acc);
 }
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
-inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  for (int d = 0; d < SAGE_HEAD_DIM_LARGE; ++d)
-    dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
-}

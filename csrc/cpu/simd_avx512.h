@@ -67,13 +67,17 @@ inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   memcpy(&w, q_row + word * kQkChansPerWord, 4);
   return w ^ kQWordOffset;
 }
-// K words of one key (its 128 bytes as 32 words) and the offset correction 128 * sum(k).
+// K words of one key (its kDim bytes as kDim / 4 words) and the offset correction
+// 128 * sum(k).
+template <int kDim>
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
-  memcpy(words, k_row, SAGE_HEAD_DIM_LARGE);
-  __m512i k = _mm512_loadu_si512(k_row), k2 = _mm512_loadu_si512(k_row + 64);
+  constexpr int kBytesPerVector = 64;
+  static_assert(kDim % kBytesPerVector == 0, "K rows are whole 64-byte vectors");
+  memcpy(words, k_row, kDim);
   // sum of signed bytes via vpdpbusd with all-ones unsigned bytes
-  __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), k);
-  s = _mm512_dpbusd_epi32(s, _mm512_set1_epi8(1), k2);
+  __m512i s = _mm512_setzero_si512();
+  for (int c = 0; c < kDim; c += kBytesPerVector)
+    s = _mm512_dpbusd_epi32(s, _mm512_set1_epi8(1), _mm512_loadu_si512(k_row + c));
   return 128 * _mm512_reduce_add_epi32(s);
 }
 // GCC 12 fails to coalesce the tied accumulator of the VNNI/BF16 dot-product builtins inside
@@ -112,24 +116,4 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 // e4m3 bits -> decoded V element (BF16 bits; exact).
 inline VElem decode_v(uint8_t b) {
   return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);
-}
-// One output row: column `r` of O^T [128][block_q] (already final values) -> BF16 row.
-// Rounded with integer arithmetic (RNE, NaN kept quiet, == sage::f32_to_bf16): vcvtneps2bf16
-// would flush subnormal outputs to zero.
-inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  const __m512i idx =
-      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(col_stride));
-  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-  for (int d = 0; d < SAGE_HEAD_DIM_LARGE; d += 16) {
-    const __m512i u =
-        _mm512_castps_si512(_mm512_i32gather_ps(idx, ot_col + size_t(d) * col_stride, 4));
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    r = _mm512_srli_epi32(r, 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
-    r = _mm512_mask_mov_epi32(r, nan,
-                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256((__m256i*)(dst + d), _mm512_cvtepi32_epi16(r));
-  }
 }

@@ -84,8 +84,9 @@ inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   memcpy(&w, q_row + word * kQkChansPerWord, 4);
   return w;
 }
+template <int kDim>
 inline int32_t pack_k_row(const int8_t* k_row, uint32_t* words) {
-  memcpy(words, k_row, SAGE_HEAD_DIM_LARGE);
+  memcpy(words, k_row, kDim);
   return 0;
 }
 inline int32_t dot4_i8(uint32_t a, uint32_t b) {
@@ -130,7 +131,3 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 #undef SAGE_LANEWISE
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
 #endif
-inline void store_out_row(const float* ot_col, int col_stride, sage_bf16_t* dst) {
-  for (int d = 0; d < SAGE_HEAD_DIM_LARGE; ++d)
-    dst[d] = sage::f32_to_bf16(ot_col[size_t(d) * col_stride]);
-}
