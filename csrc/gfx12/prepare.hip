@@ -32,11 +32,12 @@ namespace gfx12 {
 // Tile sizes of one kernel head dim Dp (SageParams::head_dim_pad: 64 or 128). The real head
 // dim D <= Dp is a runtime value: lanes whose 8-channel chunk lies at or past D load nothing
 // and hold zeros (input rows are D * 2 bytes).
-template <int kDp>
+template <int kDp, int kInDtype>
 struct PrepTraits {
   static constexpr int kHeadDim = kDp;
-  static constexpr int kChunk = kPrepChunk;               // channels per lane = one 16-byte load
-  static constexpr int kLanesPerRow = kHeadDim / kChunk;  // 16 / 8
+  static constexpr int kDtype = kInDtype;    // SageDtype of q, k, v and the norm weights
+  static constexpr int kChunk = kPrepChunk;  // channels per lane = one 16-byte load
+  static constexpr int kLanesPerRow = kHeadDim / kChunk;                // 16 / 8
   static constexpr int kNormRounds = kHeadDim / kNormChannelsPerRound;  // 4 / 2
   // qk: 128 threads = 8 (16) rows per pass, 4 (2) passes cover one 32-row scale block.
   static constexpr int kQkThreads = 128;
@@ -157,8 +158,8 @@ SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t str
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) f.w[i] = f.wp[i] = 0.0f;
   if (f.norm && f.in_d) {  // weights: in_dtype [D]
-    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.c), p.in_dtype, f.w);
-    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.pc), p.in_dtype, f.wp);
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.c), T::kDtype, f.w);
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.pc), T::kDtype, f.wp);
   }
   return f;
 }
@@ -178,14 +179,14 @@ SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_se
     if (f.rope_lane)
       raw_p = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
   }
-  unpack_halfx8(raw, p.in_dtype, v);
-  unpack_halfx8(raw_p, p.in_dtype, vp);
+  unpack_halfx8(raw, T::kDtype, v);
+  unpack_halfx8(raw_p, T::kDtype, vp);
   if (f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
     const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
-      v[i] = rms_apply(v[i], inv, f.w[i], p.in_dtype);
-      vp[i] = rms_apply(vp[i], inv, f.wp[i], p.in_dtype);
+      v[i] = rms_apply(v[i], inv, f.w[i], T::kDtype);
+      vp[i] = rms_apply(vp[i], inv, f.wp[i], T::kDtype);
     }
   }
   if (f.rope_lane && in_seq) {
@@ -195,7 +196,7 @@ SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_se
     unpack_f32x8(p.rope_sin, 4 * cs, sinv);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
-      v[i] = rope_apply(v[i], vp[i], T::kChunk * f.c + i, p.rope_dim, cosv[i], sinv[i], p.in_dtype);
+      v[i] = rope_apply(v[i], vp[i], T::kChunk * f.c + i, p.rope_dim, cosv[i], sinv[i], T::kDtype);
   }
   // Channels >= D are +0 whatever the norm made of them (0 * inf with eps = 0 is NaN).
   if (!f.in_d) {
@@ -236,7 +237,7 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
 #pragma unroll
     for (int u = 0; u < T::kVsUnroll; ++u) {
       float x[T::kChunk];
-      unpack_halfx8(raw[u], p.in_dtype, x);
+      unpack_halfx8(raw[u], T::kDtype, x);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i) amax[i] = nan_max(amax[i], sage_fabsf(x[i]));
     }
@@ -390,7 +391,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
       if (s < p.kv_len && in_d) {  // padded keys and channels stay +0
         float x[T::kChunk];
         unpack_halfx8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)),
-                      p.in_dtype, x);
+                      T::kDtype, x);
 #pragma unroll
         for (int i = 0; i < T::kChunk; ++i) word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
       }
@@ -418,21 +419,29 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   }
 }
 
-// The kernels of one head dim: extern "C" names (the hiprtc host and the emulator find kernels
-// by name), bodies shared through PrepTraits<Dp>. Dp 128 keeps the original names.
-#define SAGE_PREPARE_KERNELS(DP, SUFFIX)                                                        \
-  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, PrepTraits<DP>::kVsThreads)(SageParams p) { \
-    v_scale_body<PrepTraits<DP>>(p);                                                            \
-  }                                                                                             \
-  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, PrepTraits<DP>::kQkThreads)(SageParams p) {      \
-    qk_body<PrepTraits<DP>>(p);                                                                 \
-  }                                                                                             \
-  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, PrepTraits<DP>::kVqThreads)(SageParams p) { \
-    v_quant_body<PrepTraits<DP>>(p);                                                            \
+// The kernels of one (head dim, input dtype): extern "C" names (the hiprtc host and the
+// emulator find kernels by name), bodies shared through PrepTraits. Dp 128 with BF16 keeps the
+// original names. The dtype is a template argument: as a runtime value the compiler kept both
+// decodings live (twice the VGPRs).
+#define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                            \
+  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) { \
+    v_scale_body<TRAITS>(p);                                                            \
+  }                                                                                     \
+  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads)(SageParams p) {      \
+    qk_body<TRAITS>(p);                                                                 \
+  }                                                                                     \
+  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
+    v_quant_body<TRAITS>(p);                                                            \
   }
 
-SAGE_PREPARE_KERNELS(SAGE_HEAD_DIM_LARGE, _)
-SAGE_PREPARE_KERNELS(SAGE_HEAD_DIM_SMALL, _d64_)
+using PrepBf16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_BF16>;
+using PrepBf16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_BF16>;
+using PrepFp16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_FP16>;
+using PrepFp16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_FP16>;
+SAGE_PREPARE_KERNELS(PrepBf16D128, _)
+SAGE_PREPARE_KERNELS(PrepBf16D64, _d64_)
+SAGE_PREPARE_KERNELS(PrepFp16D128, _f16_)
+SAGE_PREPARE_KERNELS(PrepFp16D64, _d64_f16_)
 #undef SAGE_PREPARE_KERNELS
 
 }  // namespace gfx12
@@ -476,13 +485,21 @@ SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
   if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, "gfx12")) return 1;
   const SageParams& p = *params;
-  // The one place where the head dim becomes a template argument.
-  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL)
-    return launch_prepare<g::PrepTraits<SAGE_HEAD_DIM_SMALL>>(
-        p, stream, g::sage_prepare_v_scale_d64_kernel, g::sage_prepare_qk_d64_kernel,
-        g::sage_prepare_v_quant_d64_kernel);
-  return launch_prepare<g::PrepTraits<SAGE_HEAD_DIM_LARGE>>(
-      p, stream, g::sage_prepare_v_scale_kernel, g::sage_prepare_qk_kernel,
-      g::sage_prepare_v_quant_kernel);
+  // The one place where the head dim and the input dtype become template arguments.
+  const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
+  if (small && fp16)
+    return launch_prepare<g::PrepFp16D64>(p, stream, g::sage_prepare_v_scale_d64_f16_kernel,
+                                          g::sage_prepare_qk_d64_f16_kernel,
+                                          g::sage_prepare_v_quant_d64_f16_kernel);
+  if (small)
+    return launch_prepare<g::PrepBf16D64>(p, stream, g::sage_prepare_v_scale_d64_kernel,
+                                          g::sage_prepare_qk_d64_kernel,
+                                          g::sage_prepare_v_quant_d64_kernel);
+  if (fp16)
+    return launch_prepare<g::PrepFp16D128>(p, stream, g::sage_prepare_v_scale_f16_kernel,
+                                           g::sage_prepare_qk_f16_kernel,
+                                           g::sage_prepare_v_quant_f16_kernel);
+  return launch_prepare<g::PrepBf16D128>(p, stream, g::sage_prepare_v_scale_kernel,
+                                         g::sage_prepare_qk_kernel, g::sage_prepare_v_quant_kernel);
 }
 #endif  // SAGE_HOST_LAUNCH
