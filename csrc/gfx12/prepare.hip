@@ -1,18 +1,18 @@
-// module_gfx1201_sage_prepare: BF16 Q/K/V -> the prepared tensors of the op contract,
-// bit-identical to aiter_sage/ref.py prepare().
+// module_gfx1201_sage_prepare: BF16/FP16 Q/K/V (head dim D <= 128) -> the prepared tensors of
+// the op contract (Dp = 64 or 128 channels), bit-identical to aiter_sage/ref.py prepare().
 //
-// Three kernels, launched in this order on the stream:
-//   1. v_scale  one workgroup per (batch, head): per-channel amax of V over the whole sequence
-//               -> v_scale. A channel's scale depends on every row, and the module has no
-//               scratch buffer or atomics to combine partial maxima across workgroups, so one
-//               wide workgroup (512 threads, 4 x 16-byte loads in flight each) streams the
-//               head once.
-//   2. qk       one workgroup per (32-row block, head, batch) of Q and of K: optional fused
-//               RMSNorm + RoPE, block amax, INT8 quantization, scale. Rows past the sequence
-//               are written as zeros (outputs come from torch.empty).
-//   3. v_quant  one workgroup per (128-key tile, head, batch): V / v_scale -> e4m3, transposed
-//               through LDS to [B, H, 128, S_pad]; padded keys are +0, and the last tile
-//               stores only the keys below S_pad (a multiple of 32).
+// Three kernels per (Dp, input dtype), launched in this order on the stream:
+//   1. v_scale  one workgroup per (kv head, batch): per-channel amax of V over the whole
+//               sequence -> v_scale; with smooth_k also the per-channel K mean -> k_mean in the
+//               pinned order (32 row groups = the 32 partial sums). A channel's scale depends on
+//               every row, and the module has no scratch buffer or atomics to combine partial
+//               maxima across workgroups, so one wide workgroup streams the head once.
+//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
+//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
+//               the sequence are written as zeros (outputs come from torch.empty).
+//   3. v_quant  one workgroup per (128-key tile, kv head, batch): V / v_scale -> e4m3,
+//               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
+//               tile stores only the keys below S_pad (a multiple of 32).
 // V is read twice (amax, then quantize) — a two-pass V; both passes are memory bound and the
 // second is fully parallel. Every step is a single correctly rounded IEEE operation in
 // quant.h's order, so no FMA contraction is allowed in this file:
