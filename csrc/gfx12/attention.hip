@@ -63,11 +63,11 @@ struct AttnTraits {
   // VGPRs, which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile would need
   // ~50 more). One tile = one K scale block, and one wave = one Q scale block, so the score
   // scale q_scale·k_scale is a single wave-uniform float per tile.
-  static constexpr int kTileKeys = kKTileKeys;                     // 32
-  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;          // 2
+  static constexpr int kTileKeys = kKTileKeys;                // 32
+  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;     // 2
   static constexpr int kQkSteps = kHeadDim / kWmmaDim;        // 8 WMMA K-steps over channels
   static constexpr int kChannelBlocks = kHeadDim / kWmmaDim;  // 8 accumulator tiles
-  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;       // 4 KiB of K codes
+  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;  // 4 KiB of K codes
   static constexpr int kVTileBytes = kHeadDim * kVRowBytes;   // 4 KiB of V codes
   // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
   // tile is a per-lane base plus an immediate; V is not padded.
@@ -471,7 +471,8 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
         const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
         packed[j / 2] = real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
       }
-      sage_gstore<u32x4>(halves(p.out), 2 * (orow + c0), u32x4{packed[0], packed[1], packed[2], packed[3]});
+      sage_gstore<u32x4>(halves(p.out), 2 * (orow + c0),
+                         u32x4{packed[0], packed[1], packed[2], packed[3]});
     }
   }
 }
@@ -485,8 +486,7 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   using sage::gfx12::AttnTraits;
   if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
-  if (!sage::check_features(params, sage::Launch::kAttention, sage::kV1Features, "gfx12"))
-    return 1;
+  if (!sage::check_features(params, sage::Launch::kAttention, sage::kV1Features, "gfx12")) return 1;
   const SageParams& p = *params;
   const unsigned q_groups =
       unsigned((p.q_len_pad + AttnTraits::kQueriesPerGroup - 1) / AttnTraits::kQueriesPerGroup);
