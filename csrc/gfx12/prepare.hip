@@ -1,18 +1,18 @@
-// module_gfx1201_sage_prepare: BF16 Q/K/V -> the prepared tensors of the op contract,
-// bit-identical to aiter_sage/ref.py prepare().
+// module_gfx1201_sage_prepare: BF16/FP16 Q/K/V (head dim D <= 128) -> the prepared tensors of
+// the op contract (Dp = 64 or 128 channels), bit-identical to aiter_sage/ref.py prepare().
 //
-// Three kernels, launched in this order on the stream:
-//   1. v_scale  one workgroup per (batch, head): per-channel amax of V over the whole sequence
-//               -> v_scale. A channel's scale depends on every row, and the module has no
-//               scratch buffer or atomics to combine partial maxima across workgroups, so one
-//               wide workgroup (512 threads, 4 x 16-byte loads in flight each) streams the
-//               head once.
-//   2. qk       one workgroup per (32-row block, head, batch) of Q and of K: optional fused
-//               RMSNorm + RoPE, block amax, INT8 quantization, scale. Rows past the sequence
-//               are written as zeros (outputs come from torch.empty).
-//   3. v_quant  one workgroup per (128-key tile, head, batch): V / v_scale -> e4m3, transposed
-//               through LDS to [B, H, 128, S_pad]; padded keys are +0, and the last tile
-//               stores only the keys below S_pad (a multiple of 32).
+// Three kernels per (Dp, input dtype), launched in this order on the stream:
+//   1. v_scale  one workgroup per (kv head, batch): per-channel amax of V over the whole
+//               sequence -> v_scale; with smooth_k also the per-channel K mean -> k_mean in the
+//               pinned order (32 row groups = the 32 partial sums). A channel's scale depends on
+//               every row, and the module has no scratch buffer or atomics to combine partial
+//               maxima across workgroups, so one wide workgroup streams the head once.
+//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
+//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
+//               the sequence are written as zeros (outputs come from torch.empty).
+//   3. v_quant  one workgroup per (128-key tile, kv head, batch): V / v_scale -> e4m3,
+//               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
+//               tile stores only the keys below S_pad (a multiple of 32).
 // V is read twice (amax, then quantize) — a two-pass V; both passes are memory bound and the
 // second is fully parallel. Every step is a single correctly rounded IEEE operation in
 // quant.h's order, so no FMA contraction is allowed in this file:
@@ -29,27 +29,39 @@
 namespace sage {
 namespace gfx12 {
 
+// Tile sizes of one kernel head dim Dp (SageParams::head_dim_pad: 64 or 128). The real head
+// dim D <= Dp is a runtime value: lanes whose 8-channel chunk lies at or past D load nothing
+// and hold zeros (input rows are D * 2 bytes).
+template <int kDp, int kInDtype>
 struct PrepTraits {
-  static constexpr int kHeadDim = SAGE_HEAD_DIM_LARGE;
-  static constexpr int kChunk = 8;  // BF16 channels per lane = one 16-byte load
-  static constexpr int kLanesPerRow = kHeadDim / kChunk;  // 16 = the RMSNorm partials
-  // qk: 128 threads = 8 rows per pass, 4 passes cover one 32-row scale block.
+  static constexpr int kHeadDim = kDp;
+  static constexpr int kDtype = kInDtype;    // SageDtype of q, k, v and the norm weights
+  static constexpr int kChunk = kPrepChunk;  // channels per lane = one 16-byte load
+  static constexpr int kLanesPerRow = kHeadDim / kChunk;                // 16 / 8
+  static constexpr int kNormRounds = kHeadDim / kNormChannelsPerRound;  // 4 / 2
+  // qk: 128 threads = 8 (16) rows per pass, 4 (2) passes cover one 32-row scale block.
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
-  // v_scale: 512 threads = 32 rows per step, 4 steps unrolled = 64 KiB of loads in flight.
-  static constexpr int kVsThreads = 512;
-  static constexpr int kVsRowsPerStep = kVsThreads / kLanesPerRow;
-  static constexpr int kVsUnroll = 4;
-  // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 passes = 128 keys.
+  // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
+  // partial g of quant.h's pinned order. 512 (256) threads; 4 (8) rows of loads in flight per
+  // thread = 32 KiB per workgroup either way.
+  static constexpr int kVsGroups = kMeanPartials;
+  static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
+  static constexpr int kVsRowsPerStep = kVsGroups;
+  static constexpr int kVsUnroll = 64 / kLanesPerRow;
+  // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
   static constexpr int kVqThreads = 256;
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
+  static_assert(kHeadDim == SAGE_HEAD_DIM_SMALL || kHeadDim == SAGE_HEAD_DIM_LARGE, "");
   static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
-  static_assert(kChunk == kNormLanes &&
-                    kLanesPerRow == kNormAccs * kHeadDim / kNormChannelsPerRound,
+  static_assert(kChunk == kNormLanes && kHeadDim % kNormChannelsPerRound == 0,
                 "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
-  static_assert(kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys, "");
+  static_assert(kVsThreads <= 512 && kWaveSize % kLanesPerRow == 0, "rows never straddle waves");
+  static_assert(kVqPasses >= 1 &&
+                    kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys,
+                "");
   static_assert(kVtKeys % SAGE_SEQ_ALIGN == 0 && (kVtKeys / 16) * 16 == kVtKeys,
                 "v_quant stores 16-key pieces; the padded length ends on a piece boundary");
 };
@@ -57,12 +69,21 @@ struct PrepTraits {
 // |x| maximum that propagates NaN like torch.amax (fmaxf would drop it).
 SAGE_DEVICE float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
 
-SAGE_DEVICE void unpack_bf16x8(u32x4 u, float* x) {
+// 8 16-bit inputs (BF16 or FP16 per `dtype`, uniform) -> exact FP32.
+SAGE_DEVICE void unpack_halfx8(u32x4 u, int dtype, float* x) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  if (dtype == SAGE_DTYPE_FP16) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    x[2 * i] = bits_f32(w[i] << 16);
-    x[2 * i + 1] = bits_f32(w[i] & 0xffff0000u);
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = fp16_to_f32(uint16_t(w[i] & 0xffffu));
+      x[2 * i + 1] = fp16_to_f32(uint16_t(w[i] >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = bits_f32(w[i] << 16);
+      x[2 * i + 1] = bits_f32(w[i] & 0xffff0000u);
+    }
   }
 }
 
@@ -74,71 +95,28 @@ SAGE_DEVICE void unpack_f32x8(const float* base, int64_t off, float* x) {
   for (int i = 0; i < 8; ++i) x[i] = bits_f32(w[i]);
 }
 
-// ============================================================================ kernel 1 =====
-SAGE_KERNEL(sage_prepare_v_scale_kernel, PrepTraits::kVsThreads)(SageParams p) {
-  using T = PrepTraits;
-  SAGE_LDS(float, part_max, T::kVsThreads / T::kLanesPerRow * T::kHeadDim);  // 16 KiB
-  const int tid = sage_thread_id();
-  const int hd = sage_block_id_x(), b = sage_block_id_y();
-  const int c = prep_chunk(tid), row0 = tid / T::kLanesPerRow;
-  const sage_bf16_t* v =
-      halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
-
-  float amax[T::kChunk];
-#pragma unroll
-  for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
-  const int kv_len = p.kv_len;
-  for (int s0 = row0; s0 < kv_len; s0 += T::kVsRowsPerStep * T::kVsUnroll) {
-    u32x4 raw[T::kVsUnroll];
-#pragma unroll
-    for (int u = 0; u < T::kVsUnroll; ++u) {  // issue all loads first
-      const int s = s0 + u * T::kVsRowsPerStep;
-      raw[u] = s < kv_len ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
-                          : u32x4{0, 0, 0, 0};
-    }
-#pragma unroll
-    for (int u = 0; u < T::kVsUnroll; ++u) {
-      float x[T::kChunk];
-      unpack_bf16x8(raw[u], x);
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i) amax[i] = nan_max(amax[i], sage_fabsf(x[i]));
-    }
-  }
-  // Every thread parks its 8 partial maxima in LDS (one row of partials per 16-lane group),
-  // then one thread per channel folds the groups.
-  constexpr int kGroups = T::kVsThreads / T::kLanesPerRow;
-#pragma unroll
-  for (int i = 0; i < T::kChunk; ++i)
-    sage_lds_store(part_max, 4 * (row0 * T::kHeadDim + T::kChunk * c + i), amax[i]);
-  sage_barrier();
-  if (tid < T::kHeadDim) {  // whole waves: LDS traffic stays wave-uniform
-    float m = 0.0f;
-    for (int grp = 0; grp < kGroups; ++grp)
-      m = nan_max(m, sage_lds_load<float>(part_max, 4 * (grp * T::kHeadDim + tid)));
-    const int64_t head = head_index(p.heads_kv, b, hd);
-    sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), v_channel_scale(m));
-  }
-}
-
-// ============================================================================ kernel 2 =====
-// 1 / rms of a row whose 16 lanes (chunk c = lane % 16) hold channels 8c .. 8c+7, in quant.h's
-// pinned order (rms_sum_squares): channel 8a + l + 32i is element l of chunk a + 4i, so
-//   1. lanes c < 4 sum their element l with those of chunks c+4, c+8, c+12 in turn (xor 4, 8,
-//      12 reach exactly those lanes): accumulator a = c, lane l;
+// ============================================================ Q/K rows: RMSNorm + RoPE =====
+// 1 / rms of a row whose Dp / 8 lanes (chunk c = lane % (Dp / 8)) hold channels 8c .. 8c+7, in
+// quant.h's pinned order (rms_sum_squares over D = head_dim channels): channel 8a + l + 32i is
+// element l of chunk a + 4i, so
+//   1. lanes c < 4 sum their element l with those of chunks c+4, c+8, ... in turn (xor 4, 8,
+//      12 reach exactly those lanes): accumulator a = c, lane l. The kernel always runs
+//      Dp / 32 rounds; the rounds at or past D / 32 add squares of channels >= D, which are
+//      +0 (nothing loaded), and acc + (+0) = acc exactly for the non-negative acc;
 //   2. lane 0 adds accumulators 1, 2, 3 in turn (xor 1, 2, 3), per element l;
 //   3. lane 0 sums its 8 elements in turn;
 //   4. a butterfly of additions in which only lane 0 contributes a non-zero value gives every
 //      lane of the row that exact total (x + 0 = x).
 // The other lanes compute values they then ignore; every lane takes part in each shuffle.
-SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
+template <class T>
+SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps, int head_dim) {
   float acc[kNormLanes];
 #pragma unroll
   for (int l = 0; l < kNormLanes; ++l) {
     const float sq = x[l] * x[l];
     float a = sq;
 #pragma unroll
-    for (int i = 1; i < PrepTraits::kHeadDim / kNormChannelsPerRound; ++i)
-      a = a + sage_shfl_xor(sq, kNormAccs * i);
+    for (int i = 1; i < T::kNormRounds; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
     acc[l] = a;
   }
   float total = 0.0f;
@@ -151,103 +129,211 @@ SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
   }
   float v = chunk == 0 ? total : 0.0f;
 #pragma unroll
-  for (int n = PrepTraits::kLanesPerRow / 2; n >= 1; n /= 2) v = v + sage_shfl_xor(v, n);
-  return rms_inv(v, eps, PrepTraits::kHeadDim);
+  for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) v = v + sage_shfl_xor(v, n);
+  return rms_inv(v, eps, head_dim);
 }
 
-struct QkSide {
-  const sage_bf16_t* src;  // row 0 of this (batch, head)
-  int64_t stride_s;
-  int len, len_pad;
-  const sage_bf16_t* norm_weight;
-  float factor;  // Q: softmax_scale * log2 e; K: 1
-  int8_t* out8;
-  float* out_scale;
+// The per-lane constants of the fused norm + RoPE of one input (Q or K).
+struct RowFn {
+  const uint16_t* src;  // row 0 of this (batch, head)
+  int64_t stride_s;     // elements
+  int c, pc;            // chunk, RoPE partner chunk
+  bool in_d;            // chunk c lies below the head dim (the lane loads)
+  bool norm, rope_lane;
+  float w[kPrepChunk], wp[kPrepChunk];  // norm weights of chunks c and pc
 };
 
-SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
-  using T = PrepTraits;
+template <class T>
+SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t stride_b,
+                              int64_t stride_s, int64_t stride_h, int b, int h,
+                              const void* norm_weight, int tid) {
+  RowFn f;
+  f.src = halves(base) + bshd_offset(stride_b, stride_s, stride_h, b, 0, h);
+  f.stride_s = stride_s;
+  f.c = prep_chunk(tid, T::kLanesPerRow);
+  f.in_d = T::kChunk * f.c < p.head_dim;
+  f.norm = norm_weight != nullptr;
+  f.rope_lane = p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
+  f.pc = f.rope_lane ? rope_partner_chunk(f.c, p.rope_dim) : f.c;
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) f.w[i] = f.wp[i] = 0.0f;
+  if (f.norm && f.in_d) {  // weights: in_dtype [D]
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.c), T::kDtype, f.w);
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.pc), T::kDtype, f.wp);
+  }
+  return f;
+}
+
+// Channels 8c .. 8c+7 of row s after the optional RMSNorm and RoPE, each rounded to in_dtype
+// as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and for rows past the
+// sequence (in_seq false; uniform over the row's lanes). Every lane of the row must call it
+// (the norm's shuffles stay within the row's lanes).
+template <class T>
+SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_seq, float* v) {
+  float vp[T::kChunk];
+  u32x4 raw{0, 0, 0, 0}, raw_p{0, 0, 0, 0};
+  if (in_seq && f.in_d) {
+    raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
+    // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
+    // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
+    if (f.rope_lane)
+      raw_p = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
+  }
+  unpack_halfx8(raw, T::kDtype, v);
+  unpack_halfx8(raw_p, T::kDtype, vp);
+  if (f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
+    const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i) {
+      v[i] = rms_apply(v[i], inv, f.w[i], T::kDtype);
+      vp[i] = rms_apply(vp[i], inv, f.wp[i], T::kDtype);
+    }
+  }
+  if (f.rope_lane && in_seq) {
+    const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * f.c;
+    float cosv[T::kChunk], sinv[T::kChunk];
+    unpack_f32x8(p.rope_cos, 4 * cs, cosv);
+    unpack_f32x8(p.rope_sin, 4 * cs, sinv);
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+      v[i] = rope_apply(v[i], vp[i], T::kChunk * f.c + i, p.rope_dim, cosv[i], sinv[i], T::kDtype);
+  }
+  // Channels >= D are +0 whatever the norm made of them (0 * inf with eps = 0 is NaN).
+  if (!f.in_d) {
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i) v[i] = 0.0f;
+  }
+}
+
+// ============================================================================ kernel 1 =====
+// One workgroup per (batch, key/value head): the per-channel amax of V -> v_scale, and with
+// smooth_k the per-channel mean of K (after norm/RoPE) -> k_mean. Thread group g = tid / (Dp/8)
+// (32 groups) streams rows g, g + 32, g + 64, ... in turn, so its running K sum per channel
+// is exactly partial g of quant.h's pinned order; the partials meet in LDS and one thread per
+// channel adds them in turn (k_mean_from_partials).
+template <class T>
+SAGE_DEVICE void v_scale_body(const SageParams& p) {
+  SAGE_LDS(float, part, T::kVsGroups* T::kHeadDim);  // 16 KiB (8 KiB for Dp 64)
+  const int tid = sage_thread_id();
+  const int hd = sage_block_id_x(), b = sage_block_id_y();
+  const int c = prep_chunk(tid, T::kLanesPerRow), grp = tid / T::kLanesPerRow;
+  const bool in_d = T::kChunk * c < p.head_dim;
+  const int64_t head = head_index(p.heads_kv, b, hd);
+  const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+
+  float amax[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
+  const int kv_len = p.kv_len;
+  for (int s0 = grp; s0 < kv_len; s0 += T::kVsRowsPerStep * T::kVsUnroll) {
+    u32x4 raw[T::kVsUnroll];
+#pragma unroll
+    for (int u = 0; u < T::kVsUnroll; ++u) {  // issue all loads first
+      const int s = s0 + u * T::kVsRowsPerStep;
+      raw[u] = s < kv_len && in_d
+                   ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
+                   : u32x4{0, 0, 0, 0};
+    }
+#pragma unroll
+    for (int u = 0; u < T::kVsUnroll; ++u) {
+      float x[T::kChunk];
+      unpack_halfx8(raw[u], T::kDtype, x);
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) amax[i] = nan_max(amax[i], sage_fabsf(x[i]));
+    }
+  }
+  // Every thread parks its 8 partial maxima in LDS (one row of partials per group), then one
+  // thread per channel folds the groups.
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), amax[i]);
+  sage_barrier();
+  if (tid < T::kHeadDim) {  // whole waves: LDS traffic stays wave-uniform
+    float m = 0.0f;
+    for (int g = 0; g < T::kVsGroups; ++g)
+      m = nan_max(m, sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid)));
+    sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), v_channel_scale(m));
+  }
+  if (!p.smooth_k) return;  // uniform
+
+  // K mean. The loop bound is uniform, so every lane of a row takes part in the norm's
+  // shuffles; rows past kv_len add nothing.
+  const RowFn f =
+      make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd, p.k_norm_weight, tid);
+  float sum[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) sum[i] = 0.0f;
+  for (int s0 = 0; s0 < kv_len; s0 += T::kVsRowsPerStep) {
+    const int s = s0 + grp;
+    const bool in_seq = s < kv_len;
+    float x[T::kChunk];
+    load_row<T>(f, p, s, in_seq, x);
+    if (in_seq) {
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) sum[i] = sum[i] + x[i];
+    }
+  }
+  sage_barrier();  // the amax fold above has read `part`
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
+  sage_barrier();
+  if (tid < T::kHeadDim) {
+    float partials[kMeanPartials];
+#pragma unroll
+    for (int g = 0; g < kMeanPartials; ++g)
+      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
+    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
+                       k_mean_from_partials(partials, kv_len));
+  }
+}
+
+// ============================================================================ kernel 2 =====
+// One workgroup per 32-row scale block of Q or K. Grid (Sq_pad/32 + ceil((Skv_pad/32) / G), Hq,
+// B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
+// key/value head y / G are dealt round robin to the G query heads of its group (K block
+// (x - Sq_pad/32) * G + y % G; past the last block the workgroup exits at once).
+template <class T>
+SAGE_DEVICE void qk_body(const SageParams& p) {
   SAGE_LDS(float, block_max, T::kQkThreads);
   const int tid = sage_thread_id(), wave = sage_wave_id();
-  const int hd = sage_block_id_y(), b = sage_block_id_z();
-  const int q_blocks = p.q_len_pad / SAGE_SCALE_BLOCK;
+  const int hq = sage_block_id_y(), b = sage_block_id_z();
+  const int q_blocks = int(scale_blocks(p.q_len_pad));
   const bool is_q = sage_block_id_x() < q_blocks;
+  const int group = group_size(p);
+  const int blk = is_q ? sage_block_id_x() : (sage_block_id_x() - q_blocks) * group + hq % group;
+  if (!is_q && blk >= scale_blocks(p.kv_len_pad)) return;  // uniform over the workgroup
+  const int hd = is_q ? hq : hq / group;
   const int heads = is_q ? p.heads_q : p.heads_kv;
   const int64_t head = head_index(heads, b, hd);
-  const int blk = is_q ? sage_block_id_x() : sage_block_id_x() - q_blocks;
-
-  QkSide sd;
-  if (is_q) {
-    sd = QkSide{halves(p.q) + bshd_offset(p.q_stride_b, p.q_stride_s, p.q_stride_h, b, 0, hd),
-                p.q_stride_s,
-                p.q_len,
-                p.q_len_pad,
-                halves(p.q_norm_weight),
-                p.q_prescale,
-                p.q8,
-                p.q_scale};
-  } else {
-    sd = QkSide{halves(p.k) + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd),
-                p.k_stride_s,
-                p.kv_len,
-                p.kv_len_pad,
-                halves(p.k_norm_weight),
-                1.0f,
-                p.k8,
-                p.k_scale};
-  }
-  const int c = prep_chunk(tid);
-  const bool norm = sd.norm_weight != nullptr;
-  const bool rope = p.rope_cos != nullptr;
-  const int rope_dim = p.rope_dim;
-  const bool rope_lane = rope && T::kChunk * c < rope_dim;
-  const int pc = rope_lane ? rope_partner_chunk(c, rope_dim) : c;
-
-  float w[T::kChunk], wp[T::kChunk];
-  if (norm) {
-    unpack_bf16x8(sage_gload<u32x4>(sd.norm_weight, 2 * T::kChunk * c), w);
-    unpack_bf16x8(sage_gload<u32x4>(sd.norm_weight, 2 * T::kChunk * pc), wp);
-  }
+  const int len = is_q ? p.q_len : p.kv_len;
+  const int len_pad = is_q ? p.q_len_pad : p.kv_len_pad;
+  int8_t* const out8 = is_q ? p.q8 : p.k8;
+  float* const out_scale = is_q ? p.q_scale : p.k_scale;
+  const float factor = is_q ? p.q_prescale : 1.0f;  // K: x * 1 = x exactly
+  const RowFn f = is_q ? make_row_fn<T>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b, hd,
+                                        p.q_norm_weight, tid)
+                       : make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd,
+                                        p.k_norm_weight, tid);
+  // Smoothing subtracts the K mean (kernel 1); otherwise x - (+0) = x exactly.
+  float mean[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) mean[i] = 0.0f;
+  if (!is_q && p.smooth_k)
+    unpack_f32x8(p.k_mean, 4 * channel_offset(head, T::kHeadDim, T::kChunk * f.c), mean);
 
   // x[pass][i]: the FP32 value to quantize (Q' or K') of row prep_row(tid, pass), channel 8c+i.
   float x[T::kQkPasses][T::kChunk];
   float amax = 0.0f;
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads);
-    const bool in_seq = s < sd.len;  // uniform over the 16 lanes of the row
-    float v[T::kChunk], vp[T::kChunk];
-    u32x4 raw{0, 0, 0, 0}, raw_p{0, 0, 0, 0};
-    if (in_seq) {
-      raw = sage_gload<u32x4>(sd.src, 2 * (int64_t(s) * sd.stride_s + T::kChunk * c));
-      // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
-      // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
-      if (rope_lane)
-        raw_p = sage_gload<u32x4>(sd.src, 2 * (int64_t(s) * sd.stride_s + T::kChunk * pc));
-    }
-    unpack_bf16x8(raw, v);
-    unpack_bf16x8(raw_p, vp);
-    if (norm) {  // every lane of the wave takes part in the butterfly (rows past len: zeros)
-      const float inv = row_rms_inv(v, c, p.norm_eps);
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i) {
-        v[i] = rms_apply(v[i], inv, w[i], SAGE_DTYPE_BF16);
-        vp[i] = rms_apply(vp[i], inv, wp[i], SAGE_DTYPE_BF16);
-      }
-    }
-    if (rope_lane && in_seq) {
-      const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * c;
-      float cosv[T::kChunk], sinv[T::kChunk];
-      unpack_f32x8(p.rope_cos, 4 * cs, cosv);
-      unpack_f32x8(p.rope_sin, 4 * cs, sinv);
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i)
-        v[i] =
-            rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i], SAGE_DTYPE_BF16);
-    }
+    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+    const bool in_seq = s < len;  // uniform over the lanes of the row
+    float v[T::kChunk];
+    load_row<T>(f, p, s, in_seq, v);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
-      x[pass][i] = in_seq ? v[i] * sd.factor : 0.0f;
+      x[pass][i] = in_seq ? v[i] * factor - mean[i] : 0.0f;
       amax = nan_max(amax, sage_fabsf(x[pass][i]));
     }
   }
@@ -264,38 +350,33 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
 
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads);
+    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
     uint32_t word[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
       word[i / 4] |= uint32_t(uint8_t(quant_i8(x[pass][i], scale))) << (8 * (i % 4));
-    sage_gstore<v2i32>(sd.out8, qk8_offset(heads, T::kHeadDim, sd.len_pad, b, s, hd, T::kChunk * c),
+    sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
                        v2i32{int(word[0]), int(word[1])});
   }
   if (tid == 0)
-    sage_gstore<float>(sd.out_scale, 4 * qk_scale_offset(head, sd.len_pad, blk * SAGE_SCALE_BLOCK),
+    sage_gstore<float>(out_scale, 4 * qk_scale_offset(head, len_pad, blk * SAGE_SCALE_BLOCK),
                        scale);
 }
 
 // ============================================================================ kernel 3 =====
-SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
-  using T = PrepTraits;
+// One workgroup per (128-key tile, key/value head, batch).
+template <class T>
+SAGE_DEVICE void v_quant_body(const SageParams& p) {
   SAGE_LDS(uint32_t, vt, T::kHeadDim* kVtRowBytes / 4);
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p.heads_kv, b, hd);
-  const int c = prep_chunk(tid), g = tid / T::kLanesPerRow;
-  const sage_bf16_t* v =
-      halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const int c = prep_chunk(tid, T::kLanesPerRow), g = tid / T::kLanesPerRow;
+  const bool in_d = T::kChunk * c < p.head_dim;
+  const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
-  float scale[T::kChunk];
-  {
-    const float* vs = p.v_scale + channel_offset(head, T::kHeadDim, T::kChunk * c);
-    const u32x4 s0 = sage_gload<u32x4>(vs, 0), s1 = sage_gload<u32x4>(vs, 16);
-    const uint32_t u[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-    for (int i = 0; i < T::kChunk; ++i) scale[i] = bits_f32(u[i]);
-  }
+  float scale[T::kChunk];  // channels >= D: 0 (kernel 1), so their codes are +0
+  unpack_f32x8(p.v_scale, 4 * channel_offset(head, T::kHeadDim, T::kChunk * c), scale);
 
   // Quantize 4 keys x 8 channels per pass; each channel's 4 key bytes are one LDS word.
 #pragma unroll
@@ -307,9 +388,10 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
 #pragma unroll
     for (int k = 0; k < T::kVqKeysPerThread; ++k) {
       const int s = tile * kVtKeys + key0 + k;
-      if (s < p.kv_len) {  // padded keys stay +0
+      if (s < p.kv_len && in_d) {  // padded keys and channels stay +0
         float x[T::kChunk];
-        unpack_bf16x8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)), x);
+        unpack_halfx8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)),
+                      T::kDtype, x);
 #pragma unroll
         for (int i = 0; i < T::kChunk; ++i) word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
       }
@@ -319,7 +401,7 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
       sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0), word[i]);
   }
   sage_barrier();
-  // Write the transposed tile: 128 channel rows x 128 key bytes, 16 bytes per store.
+  // Write the transposed tile: Dp channel rows x 128 key bytes, 16 bytes per store.
   constexpr int kPiecesPerRow = kVtKeys / 16;
   constexpr int kRowsPerStep = T::kVqThreads / kPiecesPerRow;
 #pragma unroll
@@ -337,6 +419,31 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   }
 }
 
+// The kernels of one (head dim, input dtype): extern "C" names (the hiprtc host and the
+// emulator find kernels by name), bodies shared through PrepTraits. Dp 128 with BF16 keeps the
+// original names. The dtype is a template argument: as a runtime value the compiler kept both
+// decodings live (twice the VGPRs).
+#define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                            \
+  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) { \
+    v_scale_body<TRAITS>(p);                                                            \
+  }                                                                                     \
+  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads)(SageParams p) {      \
+    qk_body<TRAITS>(p);                                                                 \
+  }                                                                                     \
+  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
+    v_quant_body<TRAITS>(p);                                                            \
+  }
+
+using PrepBf16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_BF16>;
+using PrepBf16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_BF16>;
+using PrepFp16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_FP16>;
+using PrepFp16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_FP16>;
+SAGE_PREPARE_KERNELS(PrepBf16D128, _)
+SAGE_PREPARE_KERNELS(PrepBf16D64, _d64_)
+SAGE_PREPARE_KERNELS(PrepFp16D128, _f16_)
+SAGE_PREPARE_KERNELS(PrepFp16D64, _d64_f16_)
+#undef SAGE_PREPARE_KERNELS
+
 }  // namespace gfx12
 }  // namespace sage
 
@@ -353,26 +460,46 @@ int check_launch(int rc, const char* kernel) {
             : 0;
 #endif
 }
+
+// The three launches of one head dim, in stream order: kernel 1 writes v_scale (and
+// k_mean), which kernels 2 (K with smoothing) and 3 read.
+template <class T, class KVs, class KQk, class KVq>
+int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant) {
+  const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
+  int rc = sage_launch(v_scale, sage_dim3{Hkv, B, 1}, T::kVsThreads, stream, p);
+  if (rc) return check_launch(rc, "v_scale");
+  const int64_t group = sage::group_size(p);
+  const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);
+  const unsigned qk_blocks =
+      unsigned(sage::scale_blocks(p.q_len_pad) + (kv_blocks + group - 1) / group);
+  rc = sage_launch(qk, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
+  if (rc) return check_launch(rc, "qk");
+  const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
+  rc = sage_launch(v_quant, sage_dim3{tiles, Hkv, B}, T::kVqThreads, stream, p);
+  return rc ? check_launch(rc, "v_quant") : 0;
+}
 }  // namespace
 
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
-  using sage::gfx12::PrepTraits;
   namespace g = sage::gfx12;
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
-  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kV1Features, "gfx12")) return 1;
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, "gfx12")) return 1;
   const SageParams& p = *params;
-  const unsigned B = unsigned(p.batch), H = unsigned(p.heads_q);
-
-  int rc = sage_launch(g::sage_prepare_v_scale_kernel, sage_dim3{H, B, 1}, PrepTraits::kVsThreads,
-                       stream, p);
-  if (rc) return check_launch(rc, "v_scale");
-  const unsigned qk_blocks = unsigned((p.q_len_pad + p.kv_len_pad) / SAGE_SCALE_BLOCK);
-  rc = sage_launch(g::sage_prepare_qk_kernel, sage_dim3{qk_blocks, H, B}, PrepTraits::kQkThreads,
-                   stream, p);
-  if (rc) return check_launch(rc, "qk");
-  rc = sage_launch(g::sage_prepare_v_quant_kernel,
-                   sage_dim3{unsigned((p.kv_len_pad + g::kVtKeys - 1) / g::kVtKeys), H, B},
-                   PrepTraits::kVqThreads, stream, p);
-  return rc ? check_launch(rc, "v_quant") : 0;
+  // The one place where the head dim and the input dtype become template arguments.
+  const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
+  if (small && fp16)
+    return launch_prepare<g::PrepFp16D64>(p, stream, g::sage_prepare_v_scale_d64_f16_kernel,
+                                          g::sage_prepare_qk_d64_f16_kernel,
+                                          g::sage_prepare_v_quant_d64_f16_kernel);
+  if (small)
+    return launch_prepare<g::PrepBf16D64>(p, stream, g::sage_prepare_v_scale_d64_kernel,
+                                          g::sage_prepare_qk_d64_kernel,
+                                          g::sage_prepare_v_quant_d64_kernel);
+  if (fp16)
+    return launch_prepare<g::PrepFp16D128>(p, stream, g::sage_prepare_v_scale_f16_kernel,
+                                           g::sage_prepare_qk_f16_kernel,
+                                           g::sage_prepare_v_quant_f16_kernel);
+  return launch_prepare<g::PrepBf16D128>(p, stream, g::sage_prepare_v_scale_kernel,
+                                         g::sage_prepare_qk_kernel, g::sage_prepare_v_quant_kernel);
 }
 #endif  // SAGE_HOST_LAUNCH

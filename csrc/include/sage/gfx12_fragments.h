@@ -112,13 +112,18 @@ SAGE_HD constexpr uint32_t first_bytes_mask(int word, int n) {
 }
 
 // ------------------------------------------------------------------ prepare: Q / K ------
-// A 32-row block is handled by a 128-thread workgroup: 16 lanes per row, lane chunk c holds
-// channels 8c .. 8c + 7 (one 16-byte BF16 load), so the RMSNorm partial sums p[c] of the
-// pinned order (quant.h) are per lane and the tree is a butterfly over shfl_xor 8, 4, 2, 1.
-constexpr int kPrepLanesPerRow = SAGE_HEAD_DIM / 8;  // 16
-SAGE_HD constexpr int prep_chunk(int tid) { return tid % kPrepLanesPerRow; }
-SAGE_HD constexpr int prep_row(int tid, int pass, int threads) {
-  return tid / kPrepLanesPerRow + pass * (threads / kPrepLanesPerRow);
+// A row of head_dim_pad Dp channels is held by Dp / 8 lanes (16 for Dp 128, 8 for Dp 64):
+// lane chunk c holds channels 8c .. 8c + 7 (one 16-byte load of 16-bit inputs), so the
+// RMSNorm partial sums of the pinned order (quant.h) are per lane and the cross-lane steps are
+// shfl_xor within the row's lanes. A 32-row block is handled by a 128-thread workgroup.
+constexpr int kPrepChunk = SAGE_HEAD_DIM_ALIGN;  // 8 channels per lane
+SAGE_HD constexpr int prep_lanes_per_row(int head_dim_pad) { return head_dim_pad / kPrepChunk; }
+SAGE_HD constexpr int prep_chunk(int tid, int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
+  return tid % lanes;
+}
+SAGE_HD constexpr int prep_row(int tid, int pass, int threads,
+                               int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
+  return tid / lanes + pass * (threads / lanes);
 }
 // RoPE partner chunk of chunk c (c < rope_dim / 8): channels c*8 +- rope_dim/2.
 SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
@@ -126,7 +131,7 @@ SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
 }
 
 // ------------------------------------------------------------------ prepare: V --------
-// V is transposed through LDS: a [128 channel][128 key] byte tile with rows padded by one
+// V is transposed through LDS: a [Dp channel][128 key] byte tile with rows padded by one
 // 4-byte word, so that the column writes (16 lanes = 16 channel rows 8 apart, 4 keys each)
 // and the 16-byte row reads spread over the banks.
 constexpr int kVtKeys = 128;
