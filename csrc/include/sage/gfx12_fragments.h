@@ -115,7 +115,7 @@ SAGE_HD constexpr uint32_t first_bytes_mask(int word, int n) {
 // A 32-row block is handled by a 128-thread workgroup: 16 lanes per row, lane chunk c holds
 // channels 8c .. 8c + 7 (one 16-byte BF16 load), so the RMSNorm partial sums p[c] of the
 // pinned order (quant.h) are per lane and the tree is a butterfly over shfl_xor 8, 4, 2, 1.
-constexpr int kPrepLanesPerRow = SAGE_HEAD_DIM / 8;  // 16
+constexpr int kPrepLanesPerRow = SAGE_HEAD_DIM_LARGE / 8;  // 16
 SAGE_HD constexpr int prep_chunk(int tid) { return tid % kPrepLanesPerRow; }
 SAGE_HD constexpr int prep_row(int tid, int pass, int threads) {
   return tid / kPrepLanesPerRow + pass * (threads / kPrepLanesPerRow);
