@@ -15,11 +15,12 @@ from typing import Optional
 
 import torch
 
-from . import jit_driver, ref
+from . import backends, jit_driver, ref, signatures
 from .ref import Prepared
+from .signatures import OPS, RETURN_LSE
 
-OP_NAMES = ("gfx1201_sage_prepare", "gfx1201_sage_attention_fwd", "gfx1201_sage_attention")
-BACKENDS = ("cpu", "emu", "gfx12")
+OP_NAMES = tuple(signatures.OPS)
+BACKENDS = backends.NAMES
 
 
 class OpNamespaceConflict(RuntimeError):
@@ -53,29 +54,7 @@ def _check_namespace_free() -> None:
 
 def select_target(device: str, backend: str) -> str:
     """Build target for a tensor device and a requested backend ('' = automatic)."""
-    dev = torch.device(device)
-    _check_backend_name(backend)
-    b = (backend or "").lower()
-    if dev.type == "cpu":
-        if b in ("", "cpu"):
-            return "cpu"
-        if b == "emu":  # AITER_SAGE_EMU_ASAN=1: the AddressSanitizer build (needs asan_env())
-            return "emu-asan" if os.environ.get("AITER_SAGE_EMU_ASAN") == "1" else "emu"
-        raise ValueError(
-            f"aiter_sage: backend {backend!r} needs a GPU tensor; CPU tensors run on 'cpu' or 'emu'"
-        )
-    if dev.type == "cuda" and torch.version.hip:
-        arch = torch.cuda.get_device_properties(dev).gcnArchName.split(":")[0]
-        gfx12 = jit_driver.module_table().GFX12_ARCHS
-        if arch not in gfx12:
-            raise ValueError(f"aiter_sage: {arch} is not supported; the kernels target {gfx12}")
-        if b not in ("", "gfx12"):
-            raise ValueError(f"aiter_sage: backend {backend!r} cannot run on {arch} tensors")
-        return arch
-    raise ValueError(
-        f"aiter_sage: no backend for {dev.type} tensors (supported: CPU tensors, "
-        f"and ROCm GPUs gfx1201/gfx1200)"
-    )
+    return backends.target_for(device, backend)
 
 
 def _resolve_module(name: str, device: str, backend: str) -> str:
@@ -93,6 +72,15 @@ def _load_binding():
 
 
 _binding = None
+_schema_lib = None  # the torch.library.Library that owns our schemas (kept alive)
+
+
+def _define_schemas() -> None:
+    global _schema_lib
+    lib = torch.library.Library("aiter", "FRAGMENT")
+    for sig in OPS.values():
+        lib.define(sig.schema())
+    _schema_lib = lib
 
 
 def _register() -> None:
@@ -102,6 +90,7 @@ def _register() -> None:
     _check_namespace_free()
     binding = _load_binding()
     binding.set_module_resolver(_resolve_module)
+    _define_schemas()
     binding.register_ops()
     _register_fakes(binding)
     _register_autograd()
@@ -119,9 +108,7 @@ def binding():
 # empty outputs whose shapes stay symbolic.
 # ----------------------------------------------------------------------------------------------
 def _check_backend_name(backend) -> None:
-    name = backend or os.environ.get("AITER_SAGE_BACKEND", "")
-    if name and name.lower() not in BACKENDS:
-        raise ValueError(f"aiter_sage: unknown backend {name!r}; choose one of {BACKENDS}")
+    backends.requested(backend)
 
 
 def _padded(n):
@@ -154,73 +141,95 @@ def _concrete(t):
     )
 
 
+def _head_dim_pad(d):
+    d = int(d)  # the head dim is static in every model; a symbolic one would be specialized
+    return ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
+
+
+def _prepare_shapes(query, key, value):
+    """Shapes and dtypes of prepare's outputs (symbolic in S)."""
+    b, sq, hq, d = query.shape
+    hkv = key.shape[2]
+    dp = _head_dim_pad(d)
+    sq_pad, skv_pad = _padded(sq), _padded(key.shape[1])
+    return (
+        ((b, sq_pad, hq, dp), torch.int8),
+        ((b, hq, sq_pad // ref.SCALE_BLOCK), torch.float32),
+        ((b, skv_pad, hkv, dp), torch.int8),
+        ((b, hkv, skv_pad // ref.SCALE_BLOCK), torch.float32),
+        ((b, hkv, dp, skv_pad), torch.uint8),
+        ((b, hkv, dp), torch.float32),
+    )
+
+
+def _fake_prepare(binding, a):
+    binding.check_prepare_meta(
+        *map(_concrete, (a["query"], a["key"], a["value"])),
+        a["softmax_scale"],
+        *map(_concrete, (a["query_weight"], a["key_weight"], a["cosine"], a["sine"])),
+        a["eps"],
+        a["smooth_k"],
+    )
+    new = a["query"].new_empty
+    return tuple(new(shape, dtype=dt) for shape, dt in _prepare_shapes(a["query"], a["key"], None))
+
+
+def _fake_fwd(binding, a, lse: bool):
+    prepared = [a[n] for n in ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale")]
+    binding.check_fwd_meta(
+        *map(_concrete, prepared), a["seq_len"], a["kv_len"], a["is_causal"], a["out_dtype"]
+    )
+    q8 = a["q_int8"]
+    out = q8.new_empty(q8.shape, dtype=a["out_dtype"] or torch.bfloat16)
+    if not lse:
+        return out
+    b, s_pad, h, _ = q8.shape
+    return out, q8.new_empty((b, h, s_pad), dtype=torch.float32)
+
+
+def _fake_attention(binding, a, lse: bool):
+    q = a["query"]
+    binding.check_attention_meta(
+        *map(_concrete, (q, a["key"], a["value"])),
+        a["softmax_scale"],
+        *map(_concrete, (a["query_weight"], a["key_weight"], a["cosine"], a["sine"])),
+        a["eps"],
+        a["is_causal"],
+        a["smooth_k"],
+    )
+    out = q.new_empty(q.shape)
+    if not lse:
+        return out
+    b, s, h, _ = q.shape
+    return out, q.new_empty((b, h, s), dtype=torch.float32)
+
+
+# Op name -> fake body (binding, bound arguments) -> outputs.
+_FAKES = {
+    "gfx1201_sage_prepare": _fake_prepare,
+    "gfx1201_sage_attention_fwd": lambda bd, a: _fake_fwd(bd, a, False),
+    "gfx1201_sage_attention_fwd_lse": lambda bd, a: _fake_fwd(bd, a, True),
+    "gfx1201_sage_attention": lambda bd, a: _fake_attention(bd, a, False),
+    "gfx1201_sage_attention_lse": lambda bd, a: _fake_attention(bd, a, True),
+}
+
+
 def _register_fakes(binding) -> None:
-    @torch.library.register_fake("aiter::gfx1201_sage_prepare")
-    def _prepare_fake(
-        query,
-        key,
-        value,
-        softmax_scale=None,
-        query_weight=None,
-        key_weight=None,
-        cosine=None,
-        sine=None,
-        eps=1e-6,
-        *,
-        backend=None,
-    ):
-        _check_backend_name(backend)
-        binding.check_prepare_meta(
-            *map(_concrete, (query, key, value)),
-            softmax_scale,
-            *map(_concrete, (query_weight, key_weight, cosine, sine)),
-            eps,
-        )
-        b, sq, h, d = query.shape
-        sq_pad, skv_pad = _padded(sq), _padded(key.shape[1])
-        new = query.new_empty
-        return (
-            new((b, sq_pad, h, d), dtype=torch.int8),
-            new((b, h, sq_pad // ref.SCALE_BLOCK), dtype=torch.float32),
-            new((b, skv_pad, h, d), dtype=torch.int8),
-            new((b, h, skv_pad // ref.SCALE_BLOCK), dtype=torch.float32),
-            new((b, h, d, skv_pad), dtype=torch.uint8),
-            new((b, h, d), dtype=torch.float32),
-        )
+    """One fake per op: the op's arguments bound by its signature (signatures.py), the backend
+    name checked, the binding's checks run, then empty outputs of the right shapes."""
 
-    @torch.library.register_fake("aiter::gfx1201_sage_attention_fwd")
-    def _fwd_fake(
-        q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None, backend=None
-    ):
-        _check_backend_name(backend)
-        prepared = (q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)
-        binding.check_fwd_meta(*map(_concrete, prepared), seq_len, kv_len)
-        return q_int8.new_empty(q_int8.shape, dtype=torch.bfloat16)
+    def make(sig):
+        body = _FAKES[sig.name]
 
-    @torch.library.register_fake("aiter::gfx1201_sage_attention")
-    def _attention_fake(
-        query,
-        key,
-        value,
-        softmax_scale=None,
-        query_weight=None,
-        key_weight=None,
-        cosine=None,
-        sine=None,
-        eps=1e-6,
-        *,
-        is_causal=False,
-        backend=None,
-    ):
-        _check_backend_name(backend)
-        binding.check_attention_meta(
-            *map(_concrete, (query, key, value)),
-            softmax_scale,
-            *map(_concrete, (query_weight, key_weight, cosine, sine)),
-            eps,
-            is_causal,
-        )
-        return query.new_empty(query.shape, dtype=torch.bfloat16)
+        def fake(*args, **kwargs):
+            a = sig.bind(args, kwargs)
+            _check_backend_name(a["backend"])
+            return body(binding, a)
+
+        torch.library.register_fake(f"aiter::{sig.name}")(fake)
+
+    for sig in OPS.values():
+        make(sig)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,126 +266,105 @@ def _register_autograd() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Public Python API: upstream ROCm aiter's call forms; additions keyword-only after them.
+# Public Python API: upstream ROCm aiter's call forms; additions keyword-only after them. The
+# signatures come from signatures.py; `return_lse=True` calls the op's `_lse` companion.
 # ----------------------------------------------------------------------------------------------
-def gfx1201_sage_prepare(
-    query,
-    key,
-    value,
-    softmax_scale=None,
-    query_weight=None,
-    key_weight=None,
-    cosine=None,
-    sine=None,
-    eps=1e-6,
-    *,
-    backend=None,
-) -> Prepared:
-    """Quantize BF16 ``[B, S, H, 128]`` query/key/value for SageAttention.
+_TENSOR_INPUTS = ("query", "key", "value", "query_weight", "key_weight", "cosine", "sine")
+
+
+def _call(sig, a: dict, lse: bool = False):
+    op_sig = OPS[f"{sig.name}_lse"] if lse else sig
+    pos, kw = op_sig.call_args(a)
+    return getattr(torch.ops.aiter, op_sig.name)(*pos, **kw)
+
+
+def _public(sig, doc: str, extra=()):
+    """Decorator: gives a wrapper `fn(a: dict)` the op's Python signature and a docstring."""
+
+    def wrap(fn):
+        def api(*args, **kwargs):
+            _register()
+            return fn(sig.bind(args, kwargs, extra))
+
+        api.__name__ = api.__qualname__ = sig.name
+        api.__signature__ = sig.python_signature(extra)
+        api.__doc__ = doc
+        api.__module__ = __name__
+        return api
+
+    return wrap
+
+
+@_public(
+    signatures.PREPARE,
+    """Quantize ``[B, S, H, D]`` query/key/value (BF16 or FP16) for SageAttention.
 
     Returns ``(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)`` (a :class:`Prepared`
-    namedtuple): Q/K INT8 ``[B, S_pad, H, 128]`` with FP32 scales ``[B, H, S_pad / 32]`` (one
-    per 32-row block; Q carries ``softmax_scale * log2(e)``), V FP8 e4m3 ``[B, H, 128, S_pad]``
-    with FP32 per-channel scales ``[B, H, 128]``. ``S_pad`` is S rounded up to 32; padding is
-    zero. Key/value may be longer or shorter than query (each is padded on its own).
+    namedtuple): Q/K INT8 ``[B, S_pad, H, Dp]`` with FP32 scales ``[B, H, S_pad / 32]`` (one
+    per 32-row block; Q carries ``softmax_scale * log2(e)``), V FP8 e4m3 ``[B, Hkv, Dp, S_pad]``
+    with FP32 per-channel scales ``[B, Hkv, Dp]``. ``S_pad`` is S rounded up to 32; ``Dp`` is
+    the kernel head dim (64 for D <= 64, else 128); padding is zero. Key/value may be longer
+    or shorter than query, and have fewer heads (GQA: Hq a multiple of Hkv).
 
-    With ``query_weight``/``key_weight`` (BF16 ``[128]``) Q and K first go through RMSNorm, and
-    with ``cosine``/``sine`` (FP32 ``[S, rope_dim]``, rope_dim 32/64/96/128; BF16 accepted)
-    through rotate-half RoPE on their leading rope_dim channels, as upstream (which takes all
-    four together; here each pair is optional).
-    """
-    _register()
-    check_no_grad(
-        query, key, value, query_weight, key_weight, cosine, sine, op="gfx1201_sage_prepare"
-    )
-    out = torch.ops.aiter.gfx1201_sage_prepare(
-        query,
-        key,
-        value,
-        softmax_scale,
-        query_weight,
-        key_weight,
-        cosine,
-        sine,
-        eps,
-        backend=backend,
-    )
-    q8, q_scale, k8, k_scale, v8_bits, v_scale = out
+    With ``query_weight``/``key_weight`` (``[D]``, the inputs' dtype) Q and K first go through
+    RMSNorm, and with ``cosine``/``sine`` (FP32 ``[S, rope_dim]``, rope_dim a multiple of 32 up
+    to D; BF16 accepted) through rotate-half RoPE on their leading rope_dim channels, as
+    upstream (which takes all four together; here each pair is optional).
+
+    ``smooth_k=True`` quantizes K minus its per-channel mean over the keys (the softmax does not
+    change; the INT8 error of K with a large common offset does).
+    """,
+)
+def gfx1201_sage_prepare(a) -> Prepared:
+    check_no_grad(*(a[n] for n in _TENSOR_INPUTS), op="gfx1201_sage_prepare")
+    q8, q_scale, k8, k_scale, v8_bits, v_scale = _call(signatures.PREPARE, a)
     return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale)
 
 
-def gfx1201_sage_attention_fwd(
-    q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, *, kv_len=None, backend=None
-) -> torch.Tensor:
+@_public(
+    signatures.ATTENTION_FWD,
     """Attention over the tensors :func:`gfx1201_sage_prepare` returned.
 
     ``seq_len``: the real query length (and key length unless ``kv_len`` is given). Returns
-    BF16 ``[B, S_pad, H, 128]`` (upstream's shape); rows at or beyond ``seq_len`` are zero.
-    Keys at or beyond the key length are masked whatever the padded K/V rows hold.
-    """
-    _register()
+    ``[B, S_pad, Hq, Dp]`` (upstream's shape) in ``out_dtype`` (BF16 unless FP16 is asked
+    for); rows at or beyond ``seq_len`` are zero. Keys at or beyond the key length are masked
+    whatever the padded K/V rows hold. ``is_causal``: query i sees keys j <= i (top-left).
+    ``return_lse=True`` also returns the natural-log LSE, FP32 ``[B, Hq, S_pad]`` (rows at or
+    beyond ``seq_len``: -inf) — of the scores of these prepared tensors (with smoothed K, the
+    smoothed scores; :func:`gfx1201_sage_attention` adds the mean's term back).
+    """,
+    extra=(RETURN_LSE,),
+)
+def gfx1201_sage_attention_fwd(a):
     # The op takes e4m3 as its uint8 bits (see the binding); any other dtype goes through for
     # the binding to name it.
-    v_bits = v_fp8.view(torch.uint8) if v_fp8.dtype == torch.float8_e4m3fn else v_fp8
-    return torch.ops.aiter.gfx1201_sage_attention_fwd(
-        q_int8, q_scale, k_int8, k_scale, v_bits, v_scale, seq_len, kv_len=kv_len, backend=backend
-    )
+    v = a["v_fp8"]
+    a["v_fp8"] = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
+    return _call(signatures.ATTENTION_FWD, a, a.pop("return_lse"))
 
 
-def gfx1201_sage_attention(
-    query,
-    key,
-    value,
-    softmax_scale=None,
-    query_weight=None,
-    key_weight=None,
-    cosine=None,
-    sine=None,
-    eps=1e-6,
-    *,
-    is_causal=False,
-    backend=None,
-) -> torch.Tensor:
+@_public(
+    signatures.ATTENTION,
     """SageAttention: softmax(q kᵀ · softmax_scale) v with INT8 Q·Kᵀ and FP8 P·V.
 
-    query: BF16 ``[B, Sq, H, 128]``; key, value: BF16 ``[B, Skv, H, 128]`` (last dim
-    contiguous, other strides free). ``softmax_scale`` defaults to 128**-0.5. The optional
-    norm/RoPE arguments are applied to Q and K first (see :func:`gfx1201_sage_prepare`).
-    Non-causal, no mask in this version. Returns BF16 ``[B, Sq, H, 128]``. Inference only.
-    """
-    _register()
-    check_no_grad(query, key, value, query_weight, key_weight, cosine, sine)
-    return torch.ops.aiter.gfx1201_sage_attention(
-        query,
-        key,
-        value,
-        softmax_scale,
-        query_weight,
-        key_weight,
-        cosine,
-        sine,
-        eps,
-        is_causal=is_causal,
-        backend=backend,
-    )
+    query: ``[B, Sq, Hq, D]``; key, value: ``[B, Skv, Hkv, D]``, BF16 or FP16 (one dtype), D a
+    multiple of 8 up to 128, Hq a multiple of Hkv (GQA/MQA), last dim contiguous, other strides
+    free. ``softmax_scale`` defaults to D**-0.5. The optional norm/RoPE arguments are applied to
+    Q and K first (see :func:`gfx1201_sage_prepare`). Keyword-only: ``is_causal`` (query i sees
+    keys j <= i, top-left aligned as SDPA's), ``smooth_k`` (K smoothing), ``return_lse`` (also
+    return the natural-log LSE of the unsmoothed scaled scores, FP32 ``[B, Hq, Sq]``),
+    ``backend``. Returns ``[B, Sq, Hq, D]`` in the inputs' dtype (and the LSE). Inference only.
+    """,
+    extra=(RETURN_LSE,),
+)
+def gfx1201_sage_attention(a):
+    check_no_grad(*(a[n] for n in _TENSOR_INPUTS))
+    return _call(signatures.ATTENTION, a, a.pop("return_lse"))
 
 
 def available_backends() -> list[str]:
     """Backends usable in this process (a compiler for each is present)."""
-    found = []
-    for b, target in (("cpu", "cpu"), ("emu", "emu")):
-        try:
-            jit_driver.toolchain_for(target)
-            found.append(b)
-        except jit_driver.CompilerNotFound:
-            pass
-    if torch.cuda.is_available() and torch.version.hip:
-        try:
-            select_target("cuda", "")
-            found.append("gfx12")
-        except ValueError:
-            pass
-    return found
+    return backends.available()
 
 
 if os.environ.get("AITER_SAGE_LAZY_REGISTER") != "1":

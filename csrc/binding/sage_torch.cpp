@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/params.h"
 #include "sage/quant.h"
@@ -105,10 +106,17 @@ void launch(const char* name, const char* entry, const at::Device& device,
   TORCH_CHECK(rc == 0, "aiter_sage: ", m.info, " failed: ", m.last_error());
 }
 
+// Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's checks, comparisons)
+// does not support float8 tensors; the Python API returns them viewed as float8_e4m3fn, and
+// every entry point takes either dtype.
+constexpr at::ScalarType kFp8Storage = at::kByte;
+
 // ---------------------------------------------------------------------------------------------
-// Validation: every message names the argument and the problem. These checks read only
-// metadata (dtype, shape, strides, device), so the fake implementations call the same
-// functions on meta/fake tensors (the check_*_meta functions below): one set of rules.
+// Torch-level checks: dtypes, ranks, shapes, devices, strides. Every message names the argument.
+// The values themselves (head dim, head counts, sequence lengths, eps, rope_dim, ...) are
+// checked once, by sage::check_params (sage/check.h) on the filled SageParams — the same
+// function every module runs at launch. These checks read only metadata, so the fake
+// implementations run them too (check_*_meta below, on stand-ins with concrete sizes).
 // ---------------------------------------------------------------------------------------------
 void check_device(const at::Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK_VALUE(t.device() == device, "aiter_sage: ", name, " is on ", t.device(),
@@ -126,25 +134,24 @@ void check_supported_device(const at::Device& device, bool shapes_only) {
 #endif
 }
 
-void check_seq_len(int64_t len, const char* name) {
-  TORCH_CHECK_VALUE(len <= SAGE_MAX_SEQ_LEN, "aiter_sage: ", name, " has ", len,
-                    " rows; the longest supported sequence is ", SAGE_MAX_SEQ_LEN);
-}
+// The 16-bit input/output formats.
+int sage_dtype_of(at::ScalarType t) { return t == at::kHalf ? SAGE_DTYPE_FP16 : SAGE_DTYPE_BF16; }
+bool is_half_type(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
-// query, key, value: BF16 [B, S, H, 128], non-empty, last dim contiguous.
+// query, key, value: BF16 or FP16 [B, S, H, D], non-empty, last dim contiguous.
 void check_bshd(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16, "aiter_sage: ", name,
-                   " must be torch.bfloat16, got ", t.scalar_type());
+  TORCH_CHECK_TYPE(is_half_type(t.scalar_type()), "aiter_sage: ", name,
+                   " must be torch.bfloat16 or torch.float16, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 4, "aiter_sage: ", name,
-                    " must be 4-D [batch, seq, heads, 128], got shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.size(3) == SAGE_HEAD_DIM, "aiter_sage: ", name,
-                    " must have head dim 128, got ", t.size(3), " (shape ", t.sizes(), ")");
+                    " must be 4-D [batch, seq, heads, head_dim], got shape ", t.sizes());
   TORCH_CHECK_VALUE(t.numel() > 0, "aiter_sage: ", name, " is empty (shape ", t.sizes(), ")");
   TORCH_CHECK_VALUE(t.stride(3) == 1, "aiter_sage: ", name,
                     "'s last dimension must be contiguous (stride 1), got strides ", t.strides());
-  check_seq_len(t.size(1), name);
-  TORCH_CHECK_VALUE(t.size(0) <= 65535 && t.size(2) <= 65535, "aiter_sage: ", name, " has batch ",
-                    t.size(0), " and heads ", t.size(2), "; each must be <= 65535");
+}
+
+// Sizes beyond int32 cannot reach SageParams; check_params bounds the rest.
+void check_int32(int64_t v, const char* what) {
+  TORCH_CHECK_VALUE(v <= INT32_MAX, "aiter_sage: ", what, " ", v, " is too large");
 }
 
 // GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose rows are not
@@ -162,26 +169,34 @@ bool needs_alignment(const at::Device& device, const std::string& backend) {
   return !device.is_cpu() || backend == "emu";
 }
 
-void check_same_shape_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_bshd(q, "query");
+  check_bshd(k, "key");
+  check_bshd(v, "value");
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+                   "aiter_sage: query, key and value must have one dtype, got ", q.scalar_type(),
+                   ", ", k.scalar_type(), " and ", v.scalar_type());
   TORCH_CHECK_VALUE(k.sizes() == v.sizes(),
-                    "aiter_sage: key and value must have the same shape, "
-                    "got ",
-                    k.sizes(), " and ", v.sizes());
+                    "aiter_sage: key and value must have the same shape, got ", k.sizes(), " and ",
+                    v.sizes());
   TORCH_CHECK_VALUE(q.size(0) == k.size(0),
-                    "aiter_sage: query and key must have the same batch, "
-                    "got ",
-                    q.size(0), " and ", k.size(0));
-  TORCH_CHECK_VALUE(q.size(2) == k.size(2), "aiter_sage: query and key must have the same number ",
-                    "of heads, got ", q.size(2), " and ", k.size(2),
-                    " (grouped-query attention is not supported in this version)");
+                    "aiter_sage: query and key must have the same batch, got ", q.size(0), " and ",
+                    k.size(0));
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3),
+                    "aiter_sage: query and key must have the same head dim, ", "got ", q.size(3),
+                    " and ", k.size(3));
+  for (int64_t d = 0; d < 4; ++d) {
+    check_int32(q.size(d), "query size");
+    check_int32(k.size(d), "key size");
+  }
 }
 
-void check_vector_bf16(const at::Tensor& t, const char* name, const at::Device& device) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kBFloat16, "aiter_sage: ", name,
-                   " must be torch.bfloat16, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == SAGE_HEAD_DIM, "aiter_sage: ", name,
-                    " must have shape [128], got ", t.sizes());
-  check_device(t, name, device);
+void check_norm_weight(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK_TYPE(t.scalar_type() == q.scalar_type(), "aiter_sage: ", name,
+                   " must have query's dtype ", q.scalar_type(), ", got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == q.size(3), "aiter_sage: ", name,
+                    " must have shape [", q.size(3), "] (the head dim), got ", t.sizes());
+  check_device(t, name, q.device());
 }
 
 // cosine/sine: FP32 [S, rope_dim] (upstream); BF16 tables are accepted and upcast exactly.
@@ -192,8 +207,6 @@ void check_rope_table(const at::Tensor& t, const char* name, int64_t seq,
                    t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == seq, "aiter_sage: ", name,
                     " must have shape [seq, rope_dim] with seq = ", seq, ", got ", t.sizes());
-  TORCH_CHECK_VALUE(sage::rope_dim_supported(int(t.size(1))), "aiter_sage: rope_dim (", name,
-                    ".shape[-1]) must be 32, 64, 96 or 128, got ", t.size(1));
   check_device(t, name, device);
 }
 
@@ -207,8 +220,9 @@ struct NormRope {
   double eps = 1e-6;
 };
 
-double resolve_scale(std::optional<double> softmax_scale) {
-  return softmax_scale ? *softmax_scale : 1.0 / std::sqrt(double(SAGE_HEAD_DIM));
+// softmax_scale=None means 1/sqrt(head_dim) (the real head dim, before any padding).
+double resolve_scale(std::optional<double> softmax_scale, int64_t head_dim) {
+  return softmax_scale ? *softmax_scale : 1.0 / std::sqrt(double(head_dim));
 }
 
 // The float32 values the kernels use must be finite (1e39 is a finite double but not a float).
@@ -221,129 +235,100 @@ float checked_q_prescale(double softmax_scale) {
   return c;
 }
 
-// The problem size both ops check, and the one place it goes into a SageParams.
-struct Problem {
-  int64_t B, H, q_len, kv_len, Sq_pad, Skv_pad;
+// ---------------------------------------------------------------------------------------------
+// The one place a SageParams is filled from tensors (FlashAttention's set_params_fprop), and the
+// one place it is validated before a launch.
+// ---------------------------------------------------------------------------------------------
+struct Shape {
+  int64_t B, Hq, Hkv, D, q_len, kv_len;
 };
 
-SageParams params_for(const Problem& pr) {
+SageParams params_for(const Shape& sh) {
   SageParams p{};
-  p.batch = int32_t(pr.B);
-  p.heads = int32_t(pr.H);
-  p.q_len = int32_t(pr.q_len);
-  p.kv_len = int32_t(pr.kv_len);
-  p.q_len_pad = int32_t(pr.Sq_pad);
-  p.kv_len_pad = int32_t(pr.Skv_pad);
+  p.batch = int32_t(sh.B);
+  p.heads_q = int32_t(sh.Hq);
+  p.heads_kv = int32_t(sh.Hkv);
+  p.head_dim = int32_t(sh.D);
+  p.head_dim_pad = sage::padded_head_dim(p.head_dim);
+  p.q_len = int32_t(sh.q_len);
+  p.kv_len = int32_t(sh.kv_len);
+  p.q_len_pad = int32_t(sage::padded_len(sh.q_len));
+  p.kv_len_pad = int32_t(sage::padded_len(sh.kv_len));
+  p.in_dtype = SAGE_DTYPE_BF16;
+  p.out_dtype = SAGE_DTYPE_BF16;
+  p.mask = SAGE_MASK_NONE;
   p.num_threads = at::get_num_threads();
   return p;
 }
 
-// Every check of prepare's arguments; with shapes_only the device may be meta (fakes).
-Problem check_prepare_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           double softmax_scale, const NormRope& nr, bool shapes_only) {
-  check_bshd(q, "query");
-  check_bshd(k, "key");
-  check_bshd(v, "value");
+// sage::check_params on `p`, with a stand-in address in every output buffer the binding
+// allocates only after this check passes (and in all of them for the fakes): a failure is a
+// ValueError carrying sage/check.h's message.
+void validate(SageParams p, sage::Launch launch) {
+  static char stand_in[16];
+  auto fill = [](auto*& ptr) {
+    if (!ptr) ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(stand_in);
+  };
+  fill(p.q8), fill(p.q_scale), fill(p.k8), fill(p.k_scale), fill(p.v8), fill(p.v_scale);
+  if (launch == sage::Launch::kPrepare) {
+    fill(p.q), fill(p.k), fill(p.v);
+    if (p.smooth_k) fill(p.k_mean);
+  } else {
+    fill(p.out);
+  }
+  const bool ok = sage::check_params(&p, launch);
+  const std::string msg = sage::last_error_buffer();
+  // "sage_prepare_launch: head dim 200 ..." -> "aiter_sage: head dim 200 ..."
+  const size_t colon = msg.find(": ");
+  TORCH_CHECK_VALUE(ok, "aiter_sage: ", colon == std::string::npos ? msg : msg.substr(colon + 2));
+}
+
+// Prepare's arguments after the torch-level checks, as SageParams (no data pointers yet).
+SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          std::optional<double> softmax_scale, const NormRope& nr, bool smooth_k,
+                          bool shapes_only) {
+  check_qkv(q, k, v);
   const at::Device device = q.device();
   check_supported_device(device, shapes_only);
   check_device(k, "key", device);
   check_device(v, "value", device);
-  check_same_shape_qkv(q, k, v);
-  checked_q_prescale(softmax_scale);
+  const Shape sh{q.size(0), q.size(2), k.size(2), q.size(3), q.size(1), k.size(1)};
+  SageParams p = params_for(sh);
+  p.in_dtype = sage_dtype_of(q.scalar_type());
+  p.q_prescale = checked_q_prescale(resolve_scale(softmax_scale, sh.D));
+  p.smooth_k = smooth_k ? 1 : 0;
   TORCH_CHECK_VALUE(nr.q_weight.has_value() == nr.k_weight.has_value(),
                     "aiter_sage: pass both query_weight and key_weight, or neither");
   TORCH_CHECK_VALUE(nr.cos.has_value() == nr.sin.has_value(),
                     "aiter_sage: pass both cosine and sine, or neither");
-  TORCH_CHECK_VALUE(std::isfinite(float(nr.eps)) && nr.eps >= 0, "aiter_sage: eps must be a ",
-                    "finite float32 >= 0, got ", nr.eps);
+  TORCH_CHECK_VALUE(std::isfinite(float(nr.eps)) && nr.eps >= 0,
+                    "aiter_sage: eps must be a finite float32 >= 0, got ", nr.eps);
+  p.norm_eps = float(nr.eps);
+  static char stand_in[16];  // "present": check_params reads only whether they are null
   if (nr.q_weight) {
-    check_vector_bf16(*nr.q_weight, "query_weight", device);
-    check_vector_bf16(*nr.k_weight, "key_weight", device);
+    check_norm_weight(*nr.q_weight, "query_weight", q);
+    check_norm_weight(*nr.k_weight, "key_weight", q);
+    p.q_norm_weight = p.k_norm_weight = stand_in;
   }
-  const int64_t Sq = q.size(1), Skv = k.size(1);
   if (nr.cos) {
-    TORCH_CHECK_VALUE(Sq == Skv, "aiter_sage: RoPE (cosine/sine) needs query and key of the same ",
-                      "length, got ", Sq, " and ", Skv);
-    check_rope_table(*nr.cos, "cosine", Sq, device);
-    check_rope_table(*nr.sin, "sine", Sq, device);
+    TORCH_CHECK_VALUE(sh.q_len == sh.kv_len, "aiter_sage: RoPE (cosine/sine) needs query and key ",
+                      "of the same length, got ", sh.q_len, " and ", sh.kv_len);
+    check_rope_table(*nr.cos, "cosine", sh.q_len, device);
+    check_rope_table(*nr.sin, "sine", sh.q_len, device);
     TORCH_CHECK_VALUE(
         nr.cos->sizes() == nr.sin->sizes() && nr.cos->scalar_type() == nr.sin->scalar_type(),
         "aiter_sage: cosine and sine must have the same shape and dtype, got ", nr.cos->sizes(),
         " ", nr.cos->scalar_type(), " and ", nr.sin->sizes(), " ", nr.sin->scalar_type());
+    p.rope_cos = p.rope_sin = reinterpret_cast<const float*>(stand_in);
+    p.rope_dim = int32_t(nr.cos->size(1));
   }
-  return {q.size(0), q.size(2), Sq, Skv, sage::padded_len(Sq), sage::padded_len(Skv)};
+  validate(p, sage::Launch::kPrepare);
+  p.q_norm_weight = p.k_norm_weight = nullptr;
+  p.rope_cos = p.rope_sin = nullptr;
+  return p;
 }
 
-// ---------------------------------------------------------------------------------------------
-// prepare
-// ---------------------------------------------------------------------------------------------
-using PreparedTuple =
-    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-// Raw e4m3fn bits as uint8 at the op level: torch's CPU tooling (opcheck's checks, comparisons)
-// does not support float8 tensors; the Python API returns them viewed as float8_e4m3fn, and
-// every entry point takes either dtype.
-constexpr at::ScalarType kFp8Storage = at::kByte;
-
-PreparedTuple prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
-                              const at::Tensor& v_in, double softmax_scale, const NormRope& nr,
-                              const std::optional<std::string>& backend_arg) {
-  const Problem sh = check_prepare_args(q_in, k_in, v_in, softmax_scale, nr, false);
-  const at::Device device = q_in.device();
-  const std::string backend = requested_backend(backend_arg);
-  const bool align = needs_alignment(device, backend);
-  at::Tensor q = aligned_for(q_in, align), k = aligned_for(k_in, align),
-             v = aligned_for(v_in, align);
-
-  SageParams p = params_for(sh);
-  p.q_prescale = checked_q_prescale(softmax_scale);
-  p.q = ptr_of<sage_bf16_t>(q);
-  p.k = ptr_of<sage_bf16_t>(k);
-  p.v = ptr_of<sage_bf16_t>(v);
-  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
-  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
-  p.v_stride_b = v.stride(0), p.v_stride_s = v.stride(1), p.v_stride_h = v.stride(2);
-
-  at::Tensor qw, kw, cos, sin;  // keep any copies alive until the launch returns
-  if (nr.q_weight) {
-    qw = aligned_for(nr.q_weight->contiguous(), align);
-    kw = aligned_for(nr.k_weight->contiguous(), align);
-    p.q_norm_weight = ptr_of<sage_bf16_t>(qw);
-    p.k_norm_weight = ptr_of<sage_bf16_t>(kw);
-  }
-  p.norm_eps = float(nr.eps);
-  if (nr.cos) {
-    cos = aligned_for(nr.cos->to(at::kFloat).contiguous(), align);  // BF16 -> FP32 is exact
-    sin = aligned_for(nr.sin->to(at::kFloat).contiguous(), align);
-    p.rope_cos = ptr_of<float>(cos);
-    p.rope_sin = ptr_of<float>(sin);
-    p.rope_dim = int32_t(cos.size(1));
-    p.rope_stride_s = cos.stride(0);
-  }
-
-  auto i8 = q.options().dtype(at::kChar);
-  auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor q8 = at::empty({sh.B, sh.Sq_pad, sh.H, SAGE_HEAD_DIM}, i8);
-  at::Tensor q_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Sq_pad)}, f32);
-  at::Tensor k8 = at::empty({sh.B, sh.Skv_pad, sh.H, SAGE_HEAD_DIM}, i8);
-  at::Tensor k_scale = at::empty({sh.B, sh.H, sage::scale_blocks(sh.Skv_pad)}, f32);
-  at::Tensor v8 =
-      at::empty({sh.B, sh.H, SAGE_HEAD_DIM, sh.Skv_pad}, q.options().dtype(kFp8Storage));
-  at::Tensor v_scale = at::empty({sh.B, sh.H, SAGE_HEAD_DIM}, f32);
-  p.q8 = q8.data_ptr<int8_t>();
-  p.q_scale = q_scale.data_ptr<float>();
-  p.k8 = k8.data_ptr<int8_t>();
-  p.k_scale = k_scale.data_ptr<float>();
-  p.v8 = reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
-  p.v_scale = v_scale.data_ptr<float>();
-
-  launch(kPrepareModule, "sage_prepare_launch", device, backend, p);
-  return {q8, q_scale, k8, k_scale, v8, v_scale};
-}
-
-// ---------------------------------------------------------------------------------------------
-// forward on prepared tensors
-// ---------------------------------------------------------------------------------------------
+// The forward's arguments (prepared tensors) after the torch-level checks, as SageParams.
 void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
                     at::IntArrayRef shape, const at::Device& device) {
   // v_fp8 may come as float8_e4m3fn or as its uint8 bits.
@@ -358,94 +343,236 @@ void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
   check_device(t, name, device);
 }
 
-Problem check_fwd_args(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
-                       const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
-                       int64_t seq_len, std::optional<int64_t> kv_len_arg, bool shapes_only) {
-  TORCH_CHECK_VALUE(q8.dim() == 4 && k8.dim() == 4, "aiter_sage: prepared q_int8/k_int8 must be ",
-                    "4-D [batch, seq_pad, heads, 128], got ", q8.sizes(), " and ", k8.sizes());
-  const at::Device device = q8.device();
+at::ScalarType resolve_out_dtype(std::optional<at::ScalarType> out_dtype) {
+  const at::ScalarType t = out_dtype.value_or(at::kBFloat16);
+  TORCH_CHECK_TYPE(is_half_type(t), "aiter_sage: out_dtype must be torch.bfloat16 or ",
+                   "torch.float16, got ", t);
+  return t;
+}
+
+struct Prepared6 {
+  const at::Tensor &q8, &q_scale, &k8, &k_scale, &v8, &v_scale;
+};
+
+SageParams fwd_params(const Prepared6& in, int64_t seq_len, std::optional<int64_t> kv_len_arg,
+                      bool is_causal, at::ScalarType out_dtype, bool shapes_only) {
+  TORCH_CHECK_VALUE(in.q8.dim() == 4 && in.k8.dim() == 4, "aiter_sage: prepared q_int8/k_int8 ",
+                    "must be 4-D [batch, seq_pad, heads, head_dim], got ", in.q8.sizes(), " and ",
+                    in.k8.sizes());
+  const at::Device device = in.q8.device();
   check_supported_device(device, shapes_only);
-  const int64_t B = q8.size(0), Sq_pad = q8.size(1), H = q8.size(2), Skv_pad = k8.size(1);
-  TORCH_CHECK_VALUE(B >= 1 && H >= 1 && Sq_pad >= 1 && Skv_pad >= 1 && B <= 65535 && H <= 65535,
-                    "aiter_sage: prepared q_int8/k_int8 have unusable shapes ", q8.sizes(), " and ",
-                    k8.sizes());
+  const int64_t B = in.q8.size(0), Sq_pad = in.q8.size(1), Hq = in.q8.size(2), D = in.q8.size(3);
+  const int64_t Skv_pad = in.k8.size(1), Hkv = in.k8.size(2);
+  TORCH_CHECK_VALUE(D == SAGE_HEAD_DIM_SMALL || D == SAGE_HEAD_DIM_LARGE, "aiter_sage: prepared ",
+                    "q_int8 must have head dim ", SAGE_HEAD_DIM_SMALL, " or ", SAGE_HEAD_DIM_LARGE,
+                    " (prepare pads to them), got ", D);
   TORCH_CHECK_VALUE(Sq_pad % SAGE_SEQ_ALIGN == 0 && Skv_pad % SAGE_SEQ_ALIGN == 0,
                     "aiter_sage: prepared sequence lengths must be multiples of ", SAGE_SEQ_ALIGN,
                     ", got ", Sq_pad, " and ", Skv_pad);
-  check_seq_len(Sq_pad, "q_int8");
-  check_seq_len(Skv_pad, "k_int8");
+  for (int64_t x : {B, Sq_pad, Hq, Skv_pad, Hkv}) check_int32(x, "prepared size");
   const int64_t kv_len = kv_len_arg.value_or(seq_len);
   TORCH_CHECK_VALUE(seq_len >= 1 && seq_len <= Sq_pad, "aiter_sage: seq_len ", seq_len,
                     " does not fit the padded length ", Sq_pad, " of q_int8");
   TORCH_CHECK_VALUE(kv_len >= 1 && kv_len <= Skv_pad, "aiter_sage: ",
                     kv_len_arg ? "kv_len " : "seq_len (the key length unless kv_len is given) ",
                     kv_len, " does not fit the padded length ", Skv_pad, " of k_int8");
-  check_prepared(q8, "q_int8", at::kChar, {B, Sq_pad, H, SAGE_HEAD_DIM}, device);
-  check_prepared(q_scale, "q_scale", at::kFloat, {B, H, sage::scale_blocks(Sq_pad)}, device);
-  check_prepared(k8, "k_int8", at::kChar, {B, Skv_pad, H, SAGE_HEAD_DIM}, device);
-  check_prepared(k_scale, "k_scale", at::kFloat, {B, H, sage::scale_blocks(Skv_pad)}, device);
-  check_prepared(v8, "v_fp8", kFp8Storage, {B, H, SAGE_HEAD_DIM, Skv_pad}, device);
-  check_prepared(v_scale, "v_scale", at::kFloat, {B, H, SAGE_HEAD_DIM}, device);
-  return {B, H, seq_len, kv_len, Sq_pad, Skv_pad};
+  check_prepared(in.q8, "q_int8", at::kChar, {B, Sq_pad, Hq, D}, device);
+  check_prepared(in.q_scale, "q_scale", at::kFloat, {B, Hq, sage::scale_blocks(Sq_pad)}, device);
+  check_prepared(in.k8, "k_int8", at::kChar, {B, Skv_pad, Hkv, D}, device);
+  check_prepared(in.k_scale, "k_scale", at::kFloat, {B, Hkv, sage::scale_blocks(Skv_pad)}, device);
+  check_prepared(in.v8, "v_fp8", kFp8Storage, {B, Hkv, D, Skv_pad}, device);
+  check_prepared(in.v_scale, "v_scale", at::kFloat, {B, Hkv, D}, device);
+  SageParams p = params_for(Shape{B, Hq, Hkv, D, seq_len, kv_len});
+  p.q_len_pad = int32_t(Sq_pad);
+  p.kv_len_pad = int32_t(Skv_pad);
+  p.out_dtype = sage_dtype_of(out_dtype);
+  p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
+  p.out_rows = p.q_len_pad;
+  validate(p, sage::Launch::kAttention);
+  return p;
 }
 
-// out_rows: q_len (the attention op) or the padded length (the raw fwd, upstream's shape).
-at::Tensor fwd_checked(const at::Tensor& q8_in, const at::Tensor& q_scale_in,
-                       const at::Tensor& k8_in, const at::Tensor& k_scale_in,
-                       const at::Tensor& v8_in, const at::Tensor& v_scale_in, int64_t seq_len,
-                       std::optional<int64_t> kv_len, bool padded_out,
-                       const std::optional<std::string>& backend_arg) {
-  const Problem sh = check_fwd_args(q8_in, q_scale_in, k8_in, k_scale_in, v8_in, v_scale_in,
-                                    seq_len, kv_len, false);
-  const at::Device device = q8_in.device();
+// ---------------------------------------------------------------------------------------------
+// prepare
+// ---------------------------------------------------------------------------------------------
+using PreparedTuple =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+struct PrepareResult {
+  PreparedTuple prepared;
+  at::Tensor k_mean;  // defined with smooth_k
+};
+
+PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
+                              const at::Tensor& v_in, std::optional<double> softmax_scale,
+                              const NormRope& nr, bool smooth_k,
+                              const std::optional<std::string>& backend_arg) {
+  SageParams p = prepare_params(q_in, k_in, v_in, softmax_scale, nr, smooth_k, false);
+  const at::Device device = q_in.device();
   const std::string backend = requested_backend(backend_arg);
   const bool align = needs_alignment(device, backend);
-  const at::Tensor q8 = aligned_for(q8_in, align), q_scale = aligned_for(q_scale_in, align),
-                   k8 = aligned_for(k8_in, align), k_scale = aligned_for(k_scale_in, align),
-                   v8 = aligned_for(v8_in, align), v_scale = aligned_for(v_scale_in, align);
-  const int64_t out_rows = padded_out ? sh.Sq_pad : sh.q_len;
+  at::Tensor q = aligned_for(q_in, align), k = aligned_for(k_in, align),
+             v = aligned_for(v_in, align);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.q_stride_b = q.stride(0), p.q_stride_s = q.stride(1), p.q_stride_h = q.stride(2);
+  p.k_stride_b = k.stride(0), p.k_stride_s = k.stride(1), p.k_stride_h = k.stride(2);
+  p.v_stride_b = v.stride(0), p.v_stride_s = v.stride(1), p.v_stride_h = v.stride(2);
+
+  at::Tensor qw, kw, cos, sin;  // keep any copies alive until the launch returns
+  if (nr.q_weight) {
+    qw = aligned_for(nr.q_weight->contiguous(), align);
+    kw = aligned_for(nr.k_weight->contiguous(), align);
+    p.q_norm_weight = qw.data_ptr();
+    p.k_norm_weight = kw.data_ptr();
+  }
+  if (nr.cos) {
+    cos = aligned_for(nr.cos->to(at::kFloat).contiguous(), align);  // BF16 -> FP32 is exact
+    sin = aligned_for(nr.sin->to(at::kFloat).contiguous(), align);
+    p.rope_cos = ptr_of<float>(cos);
+    p.rope_sin = ptr_of<float>(sin);
+    p.rope_stride_s = cos.stride(0);
+  }
+
+  const int64_t B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Dp = p.head_dim_pad;
+  auto i8 = q.options().dtype(at::kChar);
+  auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor q8 = at::empty({B, p.q_len_pad, Hq, Dp}, i8);
+  at::Tensor q_scale = at::empty({B, Hq, sage::scale_blocks(p.q_len_pad)}, f32);
+  at::Tensor k8 = at::empty({B, p.kv_len_pad, Hkv, Dp}, i8);
+  at::Tensor k_scale = at::empty({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
+  at::Tensor v8 = at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(kFp8Storage));
+  at::Tensor v_scale = at::empty({B, Hkv, Dp}, f32);
+  at::Tensor k_mean;
+  if (smooth_k) k_mean = at::empty({B, Hkv, Dp}, f32);
+  p.q8 = q8.data_ptr<int8_t>();
+  p.q_scale = q_scale.data_ptr<float>();
+  p.k8 = k8.data_ptr<int8_t>();
+  p.k_scale = k_scale.data_ptr<float>();
+  p.v8 = reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
+  p.v_scale = v_scale.data_ptr<float>();
+  p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
+
+  launch(kPrepareModule, "sage_prepare_launch", device, backend, p);
+  return {{q8, q_scale, k8, k_scale, v8, v_scale}, k_mean};
+}
+
+// ---------------------------------------------------------------------------------------------
+// forward on prepared tensors
+// ---------------------------------------------------------------------------------------------
+struct FwdOptions {
+  int64_t seq_len;
+  std::optional<int64_t> kv_len;
+  bool is_causal = false;
+  at::ScalarType out_dtype = at::kBFloat16;
+  bool padded_out = true;    // rows: the padded length (the fwd op) or seq_len (attention)
+  int64_t out_head_dim = 0;  // channels written: the prepared head dim (0) or the real one
+  bool return_lse = false;
+  at::Tensor k_mean;  // smoothing mean for the LSE (undefined: none)
+};
+
+std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const FwdOptions& o,
+                                               const std::optional<std::string>& backend_arg) {
+  SageParams p = fwd_params(in_raw, o.seq_len, o.kv_len, o.is_causal, o.out_dtype, false);
+  const at::Device device = in_raw.q8.device();
+  const std::string backend = requested_backend(backend_arg);
+  const bool align = needs_alignment(device, backend);
+  const at::Tensor q8 = aligned_for(in_raw.q8, align), q_scale = aligned_for(in_raw.q_scale, align),
+                   k8 = aligned_for(in_raw.k8, align), k_scale = aligned_for(in_raw.k_scale, align),
+                   v8 = aligned_for(in_raw.v8, align), v_scale = aligned_for(in_raw.v_scale, align);
+  if (o.out_head_dim) p.head_dim = int32_t(o.out_head_dim);
+  p.out_rows = int32_t(o.padded_out ? p.q_len_pad : p.q_len);
   at::Tensor out =
-      at::empty({sh.B, out_rows, sh.H, SAGE_HEAD_DIM}, q8.options().dtype(at::kBFloat16));
-  SageParams p = params_for(sh);
+      at::empty({p.batch, p.out_rows, p.heads_q, p.head_dim}, q8.options().dtype(o.out_dtype));
   p.q8 = const_cast<int8_t*>(ptr_of<int8_t>(q8));
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
   p.k_scale = const_cast<float*>(ptr_of<float>(k_scale));
   p.v8 = const_cast<sage_fp8_t*>(ptr_of<sage_fp8_t>(v8));
   p.v_scale = const_cast<float*>(ptr_of<float>(v_scale));
-  p.out = reinterpret_cast<sage_bf16_t*>(out.data_ptr());
-  p.out_rows = int32_t(out_rows);
+  p.out = out.data_ptr();
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
+  at::Tensor lse;
+  if (o.return_lse) {
+    lse = at::empty({p.batch, p.heads_q, p.out_rows}, q8.options().dtype(at::kFloat));
+    p.lse = lse.data_ptr<float>();
+    p.lse_stride_b = lse.stride(0), p.lse_stride_h = lse.stride(1);
+    if (o.k_mean.defined()) p.k_mean = o.k_mean.data_ptr<float>();
+  }
+  validate(p, sage::Launch::kAttention);
   launch(kAttentionModule, "sage_attention_launch", device, backend, p);
-  return out;
+  return {out, lse};
 }
 
 // ---------------------------------------------------------------------------------------------
-// Op kernels (schemas in register_ops): upstream's argument names, order and defaults; what
-// aiter_sage adds is keyword-only after them.
+// Op kernels. The schemas are aiter_sage/signatures.py's (registered from Python); these take
+// their arguments in that order.
 // ---------------------------------------------------------------------------------------------
 PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          std::optional<double> softmax_scale,
                          const std::optional<at::Tensor>& query_weight,
                          const std::optional<at::Tensor>& key_weight,
                          const std::optional<at::Tensor>& cosine,
-                         const std::optional<at::Tensor>& sine, double eps,
+                         const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
                          std::optional<std::string> backend) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  return prepare_checked(query, key, value, resolve_scale(softmax_scale), nr, backend);
+  return prepare_checked(query, key, value, softmax_scale, nr, smooth_k, backend).prepared;
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::Tensor& q_scale,
+                                           const at::Tensor& k_int8, const at::Tensor& k_scale,
+                                           const at::Tensor& v_fp8, const at::Tensor& v_scale,
+                                           int64_t seq_len, std::optional<int64_t> kv_len,
+                                           bool is_causal, std::optional<at::ScalarType> out_dtype,
+                                           std::optional<std::string> backend, bool return_lse) {
+  FwdOptions o;
+  o.seq_len = seq_len;
+  o.kv_len = kv_len;
+  o.is_causal = is_causal;
+  o.out_dtype = resolve_out_dtype(out_dtype);
+  o.return_lse = return_lse;
+  return fwd_checked({q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale}, o, backend);
 }
 
 at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
                   const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
-                  int64_t seq_len, std::optional<int64_t> kv_len,
-                  std::optional<std::string> backend) {
-  return fwd_checked(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, true,
-                     backend);
+                  int64_t seq_len, std::optional<int64_t> kv_len, bool is_causal,
+                  std::optional<at::ScalarType> out_dtype, std::optional<std::string> backend) {
+  return std::get<0>(fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
+                             is_causal, out_dtype, backend, false));
 }
 
-void check_attention_options(bool is_causal) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!is_causal, "aiter_sage: causal attention is not supported in ",
-                              "this version (non-causal only)");
+std::tuple<at::Tensor, at::Tensor> fwd_lse_op(const at::Tensor& q_int8, const at::Tensor& q_scale,
+                                              const at::Tensor& k_int8, const at::Tensor& k_scale,
+                                              const at::Tensor& v_fp8, const at::Tensor& v_scale,
+                                              int64_t seq_len, std::optional<int64_t> kv_len,
+                                              bool is_causal,
+                                              std::optional<at::ScalarType> out_dtype,
+                                              std::optional<std::string> backend) {
+  return fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, is_causal,
+                 out_dtype, backend, true);
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_any(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
+    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
+    const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
+    std::optional<std::string> backend, bool return_lse) {
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  PrepareResult pr = prepare_checked(query, key, value, softmax_scale, nr, smooth_k, backend);
+  auto& [q8, qs, k8, ks, v8, vs] = pr.prepared;
+  FwdOptions o;
+  o.seq_len = query.size(1);
+  o.kv_len = key.size(1);
+  o.is_causal = is_causal;
+  o.out_dtype = query.scalar_type();
+  o.padded_out = false;
+  o.out_head_dim = query.size(3);
+  o.return_lse = return_lse;
+  o.k_mean = pr.k_mean;
+  return fwd_checked({q8, qs, k8, ks, v8, vs}, o, backend);
 }
 
 at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -454,24 +581,31 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
                         const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                        std::optional<std::string> backend) {
-  check_attention_options(is_causal);
-  NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  auto [q8, qs, k8, ks, v8, vs] =
-      prepare_checked(query, key, value, resolve_scale(softmax_scale), nr, backend);
-  return fwd_checked(q8, qs, k8, ks, v8, vs, query.size(1), key.size(1), false, backend);
+                        bool smooth_k, std::optional<std::string> backend) {
+  return std::get<0>(attention_any(query, key, value, softmax_scale, query_weight, key_weight,
+                                   cosine, sine, eps, is_causal, smooth_k, backend, false));
 }
 
-// The fake implementations' checks: the same rules on meta/fake tensors. The fakes derive the
-// output shapes themselves, symbolically, so these only raise.
+std::tuple<at::Tensor, at::Tensor> attention_lse_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
+    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
+    const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
+    std::optional<std::string> backend) {
+  return attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine,
+                       eps, is_causal, smooth_k, backend, true);
+}
+
+// The fake implementations' checks: the same rules on meta/fake tensors (no launch). The fakes
+// derive the output shapes themselves, symbolically, so these only raise.
 void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                         std::optional<double> softmax_scale,
                         const std::optional<at::Tensor>& query_weight,
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
-                        const std::optional<at::Tensor>& sine, double eps) {
+                        const std::optional<at::Tensor>& sine, double eps, bool smooth_k) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  check_prepare_args(query, key, value, resolve_scale(softmax_scale), nr, true);
+  prepare_params(query, key, value, softmax_scale, nr, smooth_k, true);
 }
 
 void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -479,54 +613,47 @@ void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const 
                           const std::optional<at::Tensor>& query_weight,
                           const std::optional<at::Tensor>& key_weight,
                           const std::optional<at::Tensor>& cosine,
-                          const std::optional<at::Tensor>& sine, double eps, bool is_causal) {
-  check_attention_options(is_causal);
-  check_prepare_meta(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps);
+                          const std::optional<at::Tensor>& sine, double eps, bool is_causal,
+                          bool smooth_k) {
+  NormRope nr{query_weight, key_weight, cosine, sine, eps};
+  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, true);
+  p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
+  p.out_dtype = p.in_dtype;
+  p.out_rows = p.q_len;
+  validate(p, sage::Launch::kAttention);
 }
 
 void check_fwd_meta(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
                     const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
-                    int64_t seq_len, std::optional<int64_t> kv_len) {
-  check_fwd_args(q8, q_scale, k8, k_scale, v8, v_scale, seq_len, kv_len, true);
+                    int64_t seq_len, std::optional<int64_t> kv_len, bool is_causal,
+                    std::optional<at::ScalarType> out_dtype) {
+  fwd_params({q8, q_scale, k8, k_scale, v8, v_scale}, seq_len, kv_len, is_causal,
+             resolve_out_dtype(out_dtype), true);
 }
 
-// Upstream's arguments, in upstream's order, with upstream's defaults.
-constexpr const char* kUpstreamArgs =
-    "Tensor query, Tensor key, Tensor value, float? softmax_scale=None, "
-    "Tensor? query_weight=None, Tensor? key_weight=None, Tensor? cosine=None, "
-    "Tensor? sine=None, float eps=1e-06";
+std::unique_ptr<torch::Library> g_cpu_lib, g_gpu_lib;
 
-std::unique_ptr<torch::Library> g_def_lib, g_cpu_lib, g_gpu_lib;
+template <class Lib>
+void impl_all(Lib& lib) {
+  lib.impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
+  lib.impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
+  lib.impl("gfx1201_sage_attention_fwd_lse", TORCH_FN(fwd_lse_op));
+  lib.impl("gfx1201_sage_attention", TORCH_FN(attention_op));
+  lib.impl("gfx1201_sage_attention_lse", TORCH_FN(attention_lse_op));
+}
 
+// The schemas are defined by aiter_sage/ops.py (from aiter_sage/signatures.py) before this runs.
 void register_ops() {
-  TORCH_CHECK(!g_def_lib, "aiter_sage: ops already registered");
-  auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, "aiter", std::nullopt,
-                                              __FILE__, __LINE__);
-  const std::string prepare_schema = std::string("gfx1201_sage_prepare(") + kUpstreamArgs +
-                                     ", *, str? backend=None) -> (Tensor, Tensor, Tensor, "
-                                     "Tensor, Tensor, Tensor)";
-  const std::string attention_schema = std::string("gfx1201_sage_attention(") + kUpstreamArgs +
-                                       ", *, bool is_causal=False, str? backend=None) -> Tensor";
-  def->def(prepare_schema.c_str());
-  def->def(
-      "gfx1201_sage_attention_fwd(Tensor q_int8, Tensor q_scale, Tensor k_int8, "
-      "Tensor k_scale, Tensor v_fp8, Tensor v_scale, int seq_len, *, int? kv_len=None, "
-      "str? backend=None) -> Tensor");
-  def->def(attention_schema.c_str());
+  TORCH_CHECK(!g_cpu_lib, "aiter_sage: ops already registered");
   auto cpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter", c10::DispatchKey::CPU,
                                               __FILE__, __LINE__);
-  cpu->impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
-  cpu->impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
-  cpu->impl("gfx1201_sage_attention", TORCH_FN(attention_op));
+  impl_all(*cpu);
 #ifdef SAGE_TORCH_GPU
   auto gpu = std::make_unique<torch::Library>(torch::Library::IMPL, "aiter", c10::DispatchKey::CUDA,
                                               __FILE__, __LINE__);
-  gpu->impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
-  gpu->impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
-  gpu->impl("gfx1201_sage_attention", TORCH_FN(attention_op));
+  impl_all(*gpu);
   g_gpu_lib = std::move(gpu);
 #endif
-  g_def_lib = std::move(def);
   g_cpu_lib = std::move(cpu);
 }
 

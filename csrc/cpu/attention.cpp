@@ -59,7 +59,7 @@ void run_attention(const SageParams& p, const AttentionKernels& k) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(
-      p, sage::Launch::kAttention,
-      [](const SageParams& params, Isa isa) { run_attention(params, kernels_for(isa)); });
+  return guarded_launch(p, sage::Launch::kAttention, [](const SageParams& params, Isa isa) {
+    run_attention(params, kernels_for(isa));
+  });
 }

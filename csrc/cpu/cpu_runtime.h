@@ -76,15 +76,14 @@ void parallel_slices(int64_t n, int threads, const Body& body) {
     if (e) std::rethrow_exception(e);
 }
 
-// The body of both cpu launch functions: validate (sage/check.h), pick the ISA tier, run, and turn an
-// exception (allocation failure, thread creation) into an error message instead of a crash.
-// What the cpu backend implements of contract v2 (sage/check.h).
+// The body of both cpu launch functions: validate (sage/check.h), pick the ISA tier, run, and turn
+// an exception (allocation failure, thread creation) into an error message instead of a crash. What
+// the cpu backend implements of contract v2 (sage/check.h).
 constexpr sage::Features kCpuFeatures = sage::kV1Features;
 
 template <class Run>
 int guarded_launch(const SageParams* p, sage::Launch launch, Run run) {
-  if (!sage::check_params(p, launch) ||
-      !sage::check_features(p, launch, kCpuFeatures, "cpu"))
+  if (!sage::check_params(p, launch) || !sage::check_features(p, launch, kCpuFeatures, "cpu"))
     return 1;
   const char* what = launch == sage::Launch::kPrepare ? "prepare" : "attention";
   Isa isa;

@@ -66,7 +66,7 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 
 SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* /*stream: unused on the cpu*/) {
   using namespace sage_cpu;
-  return guarded_launch(
-      p, sage::Launch::kPrepare,
-      [](const SageParams& params, Isa isa) { run_prepare(params, kernels_for(isa)); });
+  return guarded_launch(p, sage::Launch::kPrepare, [](const SageParams& params, Isa isa) {
+    run_prepare(params, kernels_for(isa));
+  });
 }

@@ -46,7 +46,8 @@ struct PrepTraits {
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
   static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
-  static_assert(kChunk == kNormLanes && kLanesPerRow == kNormAccs * kHeadDim / kNormChannelsPerRound,
+  static_assert(kChunk == kNormLanes &&
+                    kLanesPerRow == kNormAccs * kHeadDim / kNormChannelsPerRound,
                 "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
   static_assert(kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys, "");
   static_assert(kVtKeys % SAGE_SEQ_ALIGN == 0 && (kVtKeys / 16) * 16 == kVtKeys,
@@ -80,7 +81,8 @@ SAGE_KERNEL(sage_prepare_v_scale_kernel, PrepTraits::kVsThreads)(SageParams p) {
   const int tid = sage_thread_id();
   const int hd = sage_block_id_x(), b = sage_block_id_y();
   const int c = prep_chunk(tid), row0 = tid / T::kLanesPerRow;
-  const sage_bf16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const sage_bf16_t* v =
+      halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
   float amax[T::kChunk];
 #pragma unroll
@@ -135,7 +137,8 @@ SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps) {
     const float sq = x[l] * x[l];
     float a = sq;
 #pragma unroll
-    for (int i = 1; i < PrepTraits::kHeadDim / kNormChannelsPerRound; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
+    for (int i = 1; i < PrepTraits::kHeadDim / kNormChannelsPerRound; ++i)
+      a = a + sage_shfl_xor(sq, kNormAccs * i);
     acc[l] = a;
   }
   float total = 0.0f;
@@ -239,7 +242,8 @@ SAGE_KERNEL(sage_prepare_qk_kernel, PrepTraits::kQkThreads)(SageParams p) {
       unpack_f32x8(p.rope_sin, 4 * cs, sinv);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i)
-        v[i] = rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i], SAGE_DTYPE_BF16);
+        v[i] =
+            rope_apply(v[i], vp[i], T::kChunk * c + i, rope_dim, cosv[i], sinv[i], SAGE_DTYPE_BF16);
     }
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
@@ -281,7 +285,8 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p.heads_kv, b, hd);
   const int c = prep_chunk(tid), g = tid / T::kLanesPerRow;
-  const sage_bf16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const sage_bf16_t* v =
+      halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
   float scale[T::kChunk];
   {
@@ -327,7 +332,8 @@ SAGE_KERNEL(sage_prepare_v_quant_kernel, PrepTraits::kVqThreads)(SageParams p) {
     out.y = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 4));
     out.z = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 8));
     out.w = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 12));
-    sage_gstore<u32x4>(p.v8, v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
+    sage_gstore<u32x4>(
+        p.v8, v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
   }
 }
 

@@ -5,15 +5,14 @@
 
 SAGE_DEFINE_MODULE_ABI("layout_probe target=cpu")
 
-SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, int64_t b,
-                                    int64_t s, int64_t h, int64_t d) {
+SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, int64_t b, int64_t s,
+                                    int64_t h, int64_t d) {
   return sage::qk8_offset(heads, dim, s_pad, b, s, h, d);
 }
 SAGE_EXPORT int64_t sage_qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {
   return sage::qk_scale_offset(head, s_pad, s);
 }
-SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d,
-                                   int64_t s) {
+SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d, int64_t s) {
   return sage::v8_offset(head, dim, s_pad, d, s);
 }
 SAGE_EXPORT int64_t sage_channel_offset(int64_t head, int64_t dim, int64_t d) {

@@ -30,8 +30,8 @@ inline bool check_problem(const SageParams* p, const char* what) {
         "grouped-query attention",
         what, p->heads_q, p->heads_kv);
   if (!head_dim_supported(p->head_dim))
-    return !set_error("%s: head dim %d is not supported: it must be a multiple of %d and <= %d", what,
-                      p->head_dim, SAGE_HEAD_DIM_ALIGN, SAGE_MAX_HEAD_DIM);
+    return !set_error("%s: head dim %d is not supported: it must be a multiple of %d and <= %d",
+                      what, p->head_dim, SAGE_HEAD_DIM_ALIGN, SAGE_MAX_HEAD_DIM);
   if (p->head_dim_pad != padded_head_dim(p->head_dim))
     return !set_error("%s: head_dim_pad %d must be %d for head dim %d", what, p->head_dim_pad,
                       padded_head_dim(p->head_dim), p->head_dim);
@@ -121,8 +121,8 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
   const char* what = launch == Launch::kPrepare ? "sage_prepare_launch" : "sage_attention_launch";
   const char* missing = nullptr;
   if (!f.head_dim_small && p->head_dim_pad == SAGE_HEAD_DIM_SMALL) missing = "head dims <= 64";
-  const bool fp16 = launch == Launch::kPrepare ? p->in_dtype == SAGE_DTYPE_FP16
-                                               : p->out_dtype == SAGE_DTYPE_FP16;
+  const bool fp16 =
+      launch == Launch::kPrepare ? p->in_dtype == SAGE_DTYPE_FP16 : p->out_dtype == SAGE_DTYPE_FP16;
   if (!f.fp16 && fp16) missing = "float16 tensors";
   if (!f.gqa && p->heads_q != p->heads_kv) missing = "grouped-query attention";
   if (launch == Launch::kAttention) {
@@ -132,7 +132,8 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
   } else if (!f.smooth_k && p->smooth_k) {
     missing = "smooth_k";
   }
-  if (missing) return !set_error("%s: the %s backend does not support %s yet", what, backend, missing);
+  if (missing)
+    return !set_error("%s: the %s backend does not support %s yet", what, backend, missing);
   return true;
 }
 

@@ -1,0 +1,149 @@
+"""The op signatures, declared once.
+
+Each op's arguments are listed here as data; the torch schema registered for
+``torch.ops.aiter.<name>``, the fake implementation's argument binding and the Python
+functions' signatures are all derived from these lists. Upstream ROCm aiter's arguments come
+first, in upstream's order with upstream's defaults; what aiter_sage adds is keyword-only after
+them, with upstream's behaviour as the default.
+
+Ops that can also return the log-sum-exp have a companion ``<name>_lse`` op with the same
+arguments and a second output: a torch schema has one fixed output list, and the upstream
+names must keep returning a single tensor.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+_REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    schema_type: str  # torch schema type: "Tensor", "Tensor?", "float?", "int", "str?", ...
+    default: Any = _REQUIRED  # _REQUIRED: no default
+    kw_only: bool = False
+
+    def schema(self) -> str:
+        text = f"{self.schema_type} {self.name}"
+        if self.default is _REQUIRED:
+            return text
+        return f"{text}={_schema_literal(self.default)}"
+
+
+def _schema_literal(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class OpSignature:
+    name: str
+    args: tuple[Arg, ...]
+    returns: str  # schema return type
+
+    def schema(self) -> str:
+        """The torch schema, without the namespace."""
+        parts, star = [], False
+        for a in self.args:
+            if a.kw_only and not star:
+                parts.append("*")
+                star = True
+            parts.append(a.schema())
+        return f"{self.name}({', '.join(parts)}) -> {self.returns}"
+
+    def python_signature(self, extra: tuple[Arg, ...] = ()) -> inspect.Signature:
+        """The Python signature of the op's arguments (plus `extra` keyword-only ones)."""
+        params = []
+        for a in (*self.args, *extra):
+            kind = (
+                inspect.Parameter.KEYWORD_ONLY
+                if a.kw_only
+                else inspect.Parameter.POSITIONAL_OR_KEYWORD
+            )
+            params.append(inspect.Parameter(a.name, kind, default=a.default))
+        return inspect.Signature(params)
+
+    def bind(self, args, kwargs, extra: tuple[Arg, ...] = ()) -> dict:
+        """Arguments by name, defaults filled in (a TypeError names what does not fit)."""
+        try:
+            bound = self.python_signature(extra).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"aiter_sage: {self.name}(): {e}") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def call_args(self, values: dict) -> tuple[list, dict]:
+        """(positional, keyword) arguments for torch.ops in this op's order."""
+        pos = [values[a.name] for a in self.args if not a.kw_only]
+        kw = {a.name: values[a.name] for a in self.args if a.kw_only}
+        return pos, kw
+
+    def with_lse(self) -> OpSignature:
+        """The companion op that also returns the LSE."""
+        return OpSignature(f"{self.name}_lse", self.args, f"({self.returns}, Tensor)")
+
+
+# Upstream's inputs of prepare and attention, in upstream's order with upstream's defaults.
+UPSTREAM_INPUTS = (
+    Arg("query", "Tensor"),
+    Arg("key", "Tensor"),
+    Arg("value", "Tensor"),
+    Arg("softmax_scale", "float?", None),
+    Arg("query_weight", "Tensor?", None),
+    Arg("key_weight", "Tensor?", None),
+    Arg("cosine", "Tensor?", None),
+    Arg("sine", "Tensor?", None),
+    Arg("eps", "float", 1e-6),
+)
+BACKEND = Arg("backend", "str?", None, kw_only=True)
+IS_CAUSAL = Arg("is_causal", "bool", False, kw_only=True)
+SMOOTH_K = Arg("smooth_k", "bool", False, kw_only=True)
+# Python-only: selects the companion `_lse` op.
+RETURN_LSE = Arg("return_lse", "bool", False, kw_only=True)
+
+PREPARE = OpSignature(
+    "gfx1201_sage_prepare",
+    (*UPSTREAM_INPUTS, SMOOTH_K, BACKEND),
+    "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+)
+ATTENTION_FWD = OpSignature(
+    "gfx1201_sage_attention_fwd",
+    (
+        Arg("q_int8", "Tensor"),
+        Arg("q_scale", "Tensor"),
+        Arg("k_int8", "Tensor"),
+        Arg("k_scale", "Tensor"),
+        Arg("v_fp8", "Tensor"),
+        Arg("v_scale", "Tensor"),
+        Arg("seq_len", "int"),
+        Arg("kv_len", "int?", None, kw_only=True),
+        IS_CAUSAL,
+        Arg("out_dtype", "ScalarType?", None, kw_only=True),
+        BACKEND,
+    ),
+    "Tensor",
+)
+ATTENTION = OpSignature(
+    "gfx1201_sage_attention",
+    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, BACKEND),
+    "Tensor",
+)
+
+# Every registered op: name -> signature.
+OPS: dict[str, OpSignature] = {
+    s.name: s
+    for s in (
+        PREPARE,
+        ATTENTION_FWD,
+        ATTENTION_FWD.with_lse(),
+        ATTENTION,
+        ATTENTION.with_lse(),
+    )
+}
