@@ -41,6 +41,8 @@ PREPARE_WAVES = {
     "sage_prepare_v_scale_kernel": 12,
     "sage_prepare_v_quant_kernel": 12,
 }
+# Designed occupancy of every kernel (test_hiprtc.py holds hiprtc builds to it too).
+TARGET_WAVES = {**{n: b["waves"] for n, b in ATTN_BUDGETS.items()}, **PREPARE_WAVES}
 _TOOLS = ("llvm-objcopy", "llvm-objdump", "llvm-readelf", "clang-offload-bundler")
 
 
