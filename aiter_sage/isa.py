@@ -49,11 +49,16 @@ def tool(name: str) -> Optional[str]:
     return shutil.which(f"{name}-19") or shutil.which(name)
 
 
-def build_modules(arch: str) -> dict:
-    """{module name: .so} of the gfx12 kernel modules for `arch`, built (or taken from the
-    cache) by the JIT driver exactly as a first call on that GPU would build them."""
+def build_modules(arch: str, names=None) -> dict:
+    """{module name: .so} of the gfx12 kernel modules for `arch` (all, or those in `names`),
+    built (or taken from the cache) by the JIT driver exactly as a first call on that GPU
+    would build them."""
     table = jit_driver.module_table()
-    return {name: jit_driver.ensure_module(name, arch) for name in table.KERNEL_MODULES}
+    return {
+        name: jit_driver.ensure_module(name, arch)
+        for name in table.KERNEL_MODULES
+        if names is None or name in names
+    }
 
 
 def _has_section(so: Path, section: str) -> bool:

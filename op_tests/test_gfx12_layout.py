@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 WAVE = 32
 
@@ -32,27 +34,43 @@ int main() {
   printf("],\"c\":[");
   for (int l = 0; l < 32; ++l) for (int j = 0; j < 8; ++j)
     printf("%s[%d,%d,%d,%d]", l || j ? "," : "", l, j, c_row(l, j), c_col(l));
-  printf("],\"qk_channel\":[");
-  for (int kk = 0; kk < 8; ++kk) for (int h = 0; h < 2; ++h) for (int j = 0; j < 8; ++j)
-    printf("%s[%d,%d,%d,%d]", kk || h || j ? "," : "", kk, h, j, qk_channel(kk, h, j));
-  printf("],\"tile_key\":[");
+  printf("],\"qk_channel\":{");
+  for (int dim = 64; dim <= 128; dim += 64) {
+    printf("%s\"%d\":[", dim == 64 ? "" : ",", dim);
+    for (int kk = 0; kk < dim / 16; ++kk) for (int h = 0; h < 2; ++h) for (int j = 0; j < 8; ++j)
+      printf("%s[%d,%d,%d,%d]", kk || h || j ? "," : "", kk, h, j, qk_channel(kk, h, j, dim));
+    printf("]");
+  }
+  printf("},\"tile_key\":[");
   for (int kc = 0; kc < 2; ++kc) for (int m = 0; m < 16; ++m)
     printf("%s[%d,%d,%d]", kc || m ? "," : "", kc, m, tile_key(kc, m));
   printf("],\"k_lds\":[");
   for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < 8; ++c)
     printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_offset(r, c));
-  printf("],\"k_lds_padded\":{\"bytes\":%d,\"chunk_stride\":%d,\"slot_stride\":%d,\"off\":[",
-         kKLdsPaddedBytes, kKLdsChunkStride, kKLdsStageSlotStride);
-  for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < 8; ++c)
-    printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_padded_offset(r, c));
-  printf("]},\"v_lds\":[");
+  printf("],\"k_lds_padded\":{");
+  for (int dim = 64; dim <= 128; dim += 64) {
+    printf("%s\"%d\":{\"bytes\":%d,\"chunk_stride\":%d,\"slot_stride\":%d,\"off\":[",
+           dim == 64 ? "" : ",", dim, k_lds_padded_bytes(dim), k_lds_chunk_stride(dim),
+           k_lds_stage_slot_stride(dim));
+    for (int r = 0; r < kKTileKeys; ++r) for (int c = 0; c < dim / 16; ++c)
+      printf("%s[%d,%d,%d]", r || c ? "," : "", r, c, k_lds_padded_offset(r, c, dim));
+    printf("],\"stage\":[");
+    for (int t = 0; t < 128; ++t) for (int s = 0; s < dim / 64; ++s) {
+      int p = stage_piece(t, s, 128);
+      printf("%s[%d,%d,%d,%d]", t || s ? "," : "", t, s, k_piece_row(p, dim),
+             k_piece_chunk(p, dim));
+    }
+    printf("]}");
+  }
+  printf("}");
+  printf(",\"v_lds\":[");
   for (int ch = 0; ch < 128; ++ch) for (int hf = 0; hf < 2; ++hf)
     printf("%s[%d,%d,%d]", ch || hf ? "," : "", ch, hf, v_lds_offset(ch, hf));
   printf("],\"stage\":[");
   for (int t = 0; t < 128; ++t) for (int s = 0; s < 2; ++s) {
     int p = stage_piece(t, s, 128);
-    printf("%s[%d,%d,%d,%d,%d,%d,%d]", t || s ? "," : "", t, s, p, k_piece_row(p),
-           k_piece_chunk(p), v_piece_channel(p), v_piece_half(p));
+    printf("%s[%d,%d,%d,%d,%d,%d,%d]", t || s ? "," : "", t, s, p, k_piece_row(p, 128),
+           k_piece_chunk(p, 128), v_piece_channel(p), v_piece_half(p));
   }
   printf("],\"prep\":[");
   for (int t = 0; t < 128; ++t) for (int pass = 0; pass < 4; ++pass)
@@ -87,8 +105,6 @@ def layouts():
     if "d" not in _CACHE:
         cxx = _compiler()
         if cxx is None:
-            import pytest
-
             pytest.fail("no host C++ compiler (apt-get install g++)")
         with tempfile.TemporaryDirectory() as tmp:
             src, exe = Path(tmp) / "dump.cpp", Path(tmp) / "dump"
@@ -137,10 +153,12 @@ def test_wmma_layouts_match_design_section_4():
 
 def test_qk_channel_permutation():
     d = layouts()
-    assert _bijective([ch for *_, ch in d["qk_channel"]], 128)
-    # a lane's 8 K-steps are 64 contiguous channels: 4 x 16-byte loads
-    for _kk, h, _j, ch in d["qk_channel"]:
-        assert 64 * h <= ch < 64 * h + 64
+    for dim in (64, 128):
+        qc = d["qk_channel"][str(dim)]
+        assert _bijective([ch for *_, ch in qc], dim)
+        # a lane's dim/16 K-steps are dim/2 contiguous channels: 16-byte loads
+        for kk, h, j, ch in qc:
+            assert ch == (dim // 2) * h + 8 * kk + j
 
 
 def test_tile_key_permutation_makes_v_reads_contiguous():
@@ -180,33 +198,37 @@ def test_k_lds_tile():
             assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
 
 
-def test_k_lds_padded_tile():
-    """The padded K layout of the attention kernel: no overlap, conflict-free reads and
-    staging stores, and the affine identities that let the kernel use immediate offsets."""
+@pytest.mark.parametrize("dim", (64, 128))
+def test_k_lds_padded_tile(dim):
+    """The padded K layout of the attention kernel, per head dim: no overlap, conflict-free
+    reads and staging stores, and the affine identities that let the kernel use immediate
+    offsets (per-lane base + chunk stride / 16-byte step / staging slot stride)."""
     d = layouts()
-    kp = d["k_lds_padded"]
+    kp = d["k_lds_padded"][str(dim)]
+    chunks = dim // 16
     off = {(r, c): o for r, c, o in kp["off"]}
     vals = sorted(off.values())
-    assert len(set(vals)) == 32 * 8 and all(v % 16 == 0 for v in vals)
-    for r in range(32):  # each row is 128 contiguous bytes, rows in order, no overlap
-        assert [off[(r, c)] for c in range(8)] == [off[(r, 0)] + 16 * c for c in range(8)]
+    assert len(set(vals)) == 32 * chunks and all(v % 16 == 0 for v in vals)
+    for r in range(32):  # each row is `dim` contiguous bytes, rows in order, no overlap
+        assert [off[(r, c)] for c in range(chunks)] == [off[(r, 0)] + 16 * c for c in range(chunks)]
         if r:
-            assert off[(r, 0)] >= off[(r - 1, 0)] + 128
-    assert kp["bytes"] == off[(31, 7)] + 16 == 4400
+            assert off[(r, 0)] >= off[(r - 1, 0)] + dim
+    assert kp["bytes"] == off[(31, chunks - 1)] + 16 == {128: 4400, 64: 2192}[dim]
     tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    # A-operand reads: lane (r, h) reads row tile_key(kc, r), chunk (dim/32)h + kk/2
+    half_chunks = dim // 32
     for kc in range(2):
-        for m4 in range(4):
-            addrs = [off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)] for lane in range(WAVE)]
-            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (kc, m4)
-            # lane base (kc = 0, first chunk) + an immediate
-            for lane in range(WAVE):
-                base = off[(tk[(0, lane % 16)], 4 * (lane // 16))]
-                assert (
-                    off[(tk[(kc, lane % 16)], 4 * (lane // 16) + m4)]
-                    == base + kc * kp["chunk_stride"] + 16 * m4
-                )
-    st = {(t, s): (kr, kch) for t, s, _, kr, kch, _, _ in d["stage"]}
-    for s in range(2):
+        for m in range(half_chunks):
+            addrs = [
+                off[(tk[(kc, lane % 16)], half_chunks * (lane // 16) + m)] for lane in range(WAVE)
+            ]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (kc, m)
+            for lane in range(WAVE):  # lane base (kc = 0, first chunk) + an immediate
+                base = off[(tk[(0, lane % 16)], half_chunks * (lane // 16))]
+                assert addrs[lane] == base + kc * kp["chunk_stride"] + 16 * m
+    st = {(t, s): (kr, kch) for t, s, kr, kch in kp["stage"]}
+    assert sorted(st.values()) == [(r, c) for r in range(32) for c in range(chunks)]
+    for s in range(dim // 64):
         for w in range(4):
             addrs = [off[st[(32 * w + l, s)]] for l in range(WAVE)]
             assert _slot_conflicts(addrs, d["pass_bytes"]) == 0
@@ -228,9 +250,12 @@ def test_v_lds_tile_offsets_are_affine():
 
 
 def test_v_lds_tile():
+    """Both head dims: the D = 64 tile is the first 64 channels (reads cb < 4, staging slot
+    0), each a subset of what is checked here."""
     d = layouts()
     off = {(ch, hf): o for ch, hf, o in d["v_lds"]}
     assert sorted(off.values()) == list(range(0, 128 * 32, 16))
+    assert sorted(o for (ch, _), o in off.items() if ch < 64) == list(range(0, 64 * 32, 16))
     for cb in range(8):  # A-operand reads: lane reads channel 16cb + r, half h
         addrs = [off[(16 * cb + lane % 16, lane // 16)] for lane in range(WAVE)]
         assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, cb
@@ -273,19 +298,20 @@ def _wmma(a_frag, b_frag, c_frag, d):
     return out
 
 
-def test_scores_feed_pv_without_shuffles():
+@pytest.mark.parametrize("dim", (64, 128))
+def test_scores_feed_pv_without_shuffles(dim):
     """One wave, one 16-query block, one 32-key tile, the kernel's fragment recipes."""
     d = layouts()
-    rnd = random.Random(0)
-    Q = [[rnd.randint(-127, 127) for _ in range(128)] for _ in range(16)]
-    K = [[rnd.randint(-127, 127) for _ in range(128)] for _ in range(32)]
-    V = [[rnd.randint(-8, 8) for _ in range(128)] for _ in range(32)]  # [key][channel]
-    ch = {(kk, h, j): c for kk, h, j, c in d["qk_channel"]}
+    rnd = random.Random(dim)
+    Q = [[rnd.randint(-127, 127) for _ in range(dim)] for _ in range(16)]
+    K = [[rnd.randint(-127, 127) for _ in range(dim)] for _ in range(32)]
+    V = [[rnd.randint(-8, 8) for _ in range(dim)] for _ in range(32)]  # [key][channel]
+    ch = {(kk, h, j): c for kk, h, j, c in d["qk_channel"][str(dim)]}
     tk = {(kc, m): key for kc, m, key in d["tile_key"]}
     S = []
     for kc in range(2):  # Sᵀ = K·Qᵀ, A = K rows tile_key(kc, r), B = Q of query r
         acc = [[0] * 8 for _ in range(WAVE)]
-        for kk in range(8):
+        for kk in range(dim // 16):
             a = [[K[tk[(kc, l % 16)]][ch[(kk, l // 16, j)]] for j in range(8)] for l in range(WAVE)]
             b = [[Q[l % 16][ch[(kk, l // 16, j)]] for j in range(8)] for l in range(WAVE)]
             acc = _wmma(a, b, acc, d)
@@ -294,9 +320,9 @@ def test_scores_feed_pv_without_shuffles():
         for lane in range(WAVE):
             for j in range(8):
                 key = tk[(kc, 8 * (lane // 16) + j)]
-                assert S[kc][lane][j] == sum(Q[lane % 16][c] * K[key][c] for c in range(128))
+                assert S[kc][lane][j] == sum(Q[lane % 16][c] * K[key][c] for c in range(dim))
     P = [[[s % 5 for s in S[kc][lane]] for lane in range(WAVE)] for kc in range(2)]  # any P
-    for cb in range(8):  # Oᵀ = Vᵀ·Pᵀ: A = V channel 16cb + r, keys 16h.. (one 16-byte read)
+    for cb in range(dim // 16):  # Oᵀ = Vᵀ·Pᵀ: A = V channel 16cb + r, keys 16h.. (one read)
         acc = [[0] * 8 for _ in range(WAVE)]
         for kc in range(2):
             a = [

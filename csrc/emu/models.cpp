@@ -22,6 +22,9 @@
 //  [LLVM-exp2] llvm/docs/AMDGPUUsage.rst and reviews.llvm.org/D153024, D157867: v_exp_f32 has
 //      1 ULP accuracy for float and no native denormal support; accurate llvm.exp2 lowering
 //      rescales inputs below -126 because the raw instruction cannot produce denormals.
+//  [LLVM-log2] llvm/lib/Target/AMDGPU/AMDGPUISelLowering.cpp (LowerFLOG2 / lowerFEXP2 and the
+//      "needsDenormHandlingF32" scaling): llvm.log2.f32 lowers to v_log_f32 with only a denormal
+//      input rescale, i.e. the instruction is accurate on normal inputs.
 #include "emu/models.h"
 
 #include <math.h>
@@ -91,6 +94,18 @@ float exp2_v_exp_f32(float x) {
   float r = exp2f(x);
   if (r < 1.17549435e-38f) r = 0.0f;  // FLT_MIN
   return r;
+}
+
+// v_log_f32 [LLVM-exp2, LLVM-log2]: log2 of an f32. LLVM lowers an accurate llvm.log2.f32 to
+// the bare instruction plus a rescale of denormal inputs only, i.e. it treats v_log_f32 as
+// accurate to 1 ULP on normal inputs, which flush to +-0 when denormal (the instruction has
+// no native denormal support). Host log2f (glibc: < 1 ULP, correctly rounded in most cases)
+// stands in for it, so results may differ from the GPU in the last bit: for the LSE (the
+// only user, |log2 l| < 2^6 + 24) that is < 2^-17 absolute. Inputs below 2^-126 (denormals)
+// are flushed: log2(+0) = -inf; negative inputs and NaN give NaN; log2(+inf) = +inf.
+float log2_v_log_f32(float x) {
+  if (x > 0.0f && x < 1.17549435e-38f) x = 0.0f;  // FLT_MIN: denormal input flushed
+  return log2f(x);
 }
 
 // ---------------------------------------------------------------- WMMA -----------------

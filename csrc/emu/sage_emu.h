@@ -108,6 +108,7 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
 uint8_t cvt_f32_to_fp8_e4m3(float x);  // v_cvt_pk_fp8_f32 per element: RNE, no clamp
 float fp8_e4m3_to_f32(uint8_t b);
 float exp2_v_exp_f32(float x);
+float log2_v_log_f32(float x);
 
 }  // namespace sage_emu
 #pragma GCC visibility pop
@@ -215,6 +216,15 @@ inline float sage_shfl_xor(float v, int mask, SAGE_EMU_SITE_PARAMS) {
   return __builtin_bit_cast(float, sage_shfl_xor(__builtin_bit_cast(int, v), mask, sage_site_file_,
                                                  sage_site_line_, sage_site_col_));
 }
+// v_permlanex16_b32 with identity selects: lane i reads lane i of the other half-wave; the
+// emulator reports nothing different from a shfl_xor 16 (all lanes are active where used).
+inline int sage_swap_halves(int v, SAGE_EMU_SITE_PARAMS) {
+  return sage_emu::lane_op(sage_emu::Op::kShflXor, v, 16, SAGE_EMU_SITE);
+}
+inline float sage_swap_halves(float v, SAGE_EMU_SITE_PARAMS) {
+  return __builtin_bit_cast(float, sage_swap_halves(__builtin_bit_cast(int, v), sage_site_file_,
+                                                    sage_site_line_, sage_site_col_));
+}
 inline int sage_readlane(int v, int lane, SAGE_EMU_SITE_PARAMS) {
   return sage_emu::lane_op(sage_emu::Op::kReadLane, v, lane, SAGE_EMU_SITE);
 }
@@ -265,6 +275,7 @@ inline int sage_cvt_pk_fp8(float x, float y, int old, bool hi) {
   return int(u);
 }
 inline float sage_exp2f(float x) { return sage_emu::exp2_v_exp_f32(x); }
+inline float sage_log2f(float x) { return sage_emu::log2_v_log_f32(x); }
 inline float sage_sqrtf(float x) { return __builtin_sqrtf(x); }
 inline float sage_rintf(float x) { return __builtin_rintf(x); }
 inline float sage_fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }

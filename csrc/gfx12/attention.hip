@@ -1,12 +1,16 @@
-// module_gfx1201_sage_attention: non-causal SageAttention forward on prepared tensors.
+// module_gfx1201_sage_attention: SageAttention forward on prepared tensors (contract v2: head
+// dims 64 / 128, causal, GQA, BF16/FP16 output, LSE with the K-smoothing correction).
 //
 //   Sᵀ = K8·Q8ᵀ      v_wmma_i32_16x16x16_iu8      (lane = one query, 8 consecutive keys)
 //   online softmax   exp2 domain, FP32, row max across the two half-waves with one shfl_xor 16
 //   Oᵀ += V8ᵀ·P8ᵀ    v_wmma_f32_16x16x16_fp8_fp8  (P converted to e4m3 in registers: the Sᵀ
 //                    accumulator layout is the B-operand layout, so P never leaves the VGPRs)
-//   O = acc / l · v_scale → BF16
+//   O = acc / l · v_scale → out_dtype (BF16/FP16), only the head_dim real channels
 //
-// Work split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
+// Variants: AttnTraits<kHeadDim> (64 or 128) x kCausal are template arguments, set in ONE
+// place (dispatch_attention at the bottom) from head_dim_pad and mask; everything else (GQA's
+// kv head, out_dtype, head_dim, LSE, k_mean) is read at run time outside the main loop. Work
+// split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
 // of its 4 waves owns 32 queries (one Q scale block). K and V tiles of 32 keys are staged in
 // LDS, shared by the 4 waves, double-buffered, with one barrier per tile. The padded lengths
 // are multiples of 32 (upstream's layout), so a wave whose 32 queries lie past the real
@@ -48,48 +52,59 @@ SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
   return x;
 }
 
+// Tiling of one kernel variant. The WMMA lane facts (gfx12_fragments.h) do not depend on it;
+// the head dim sets the number of WMMA K-steps (Q·Kᵀ) and of accumulator tiles (P·V), the LDS
+// tile sizes and how many 16-byte pieces each thread stages.
+template <int D>
 struct AttnTraits {
-  static constexpr int kHeadDim = SAGE_HEAD_DIM_LARGE;
+  static_assert(D == SAGE_HEAD_DIM_SMALL || D == SAGE_HEAD_DIM_LARGE, "kernel head dims");
+  static constexpr int kHeadDim = D;
   static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWaveSize;
   // 32 queries per wave = two 16-query WMMA column blocks. Each K/V fragment read from LDS then
   // feeds two WMMAs: 16 queries per wave would need 128 B/clk of LDS per WGP at the WMMA peak
-  // (the whole LDS bandwidth); 32 needs half. 64 would not fit: the FP32 accumulator alone is
-  // 128 VGPRs at 32 queries.
+  // (the whole LDS bandwidth); 32 needs half. 64 would not fit at D = 128: the FP32
+  // accumulator alone is 128 VGPRs at 32 queries.
   static constexpr int kQueriesPerWave = 32;
   static constexpr int kQBlocks = kQueriesPerWave / kWmmaDim;        // 2
   static constexpr int kQueriesPerGroup = kWaves * kQueriesPerWave;  // 128
   // 32 keys per tile: the Sᵀ tile is 32 VGPRs and the per-thread staging of the next tile 16
-  // VGPRs, which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile would need
-  // ~50 more). One tile = one K scale block, and one wave = one Q scale block, so the score
-  // scale q_scale·k_scale is a single wave-uniform float per tile.
-  static constexpr int kTileKeys = kKTileKeys;                // 32
-  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;     // 2
-  static constexpr int kQkSteps = kHeadDim / kWmmaDim;        // 8 WMMA K-steps over channels
-  static constexpr int kChannelBlocks = kHeadDim / kWmmaDim;  // 8 accumulator tiles
-  static constexpr int kKTileBytes = kTileKeys * kKRowBytes;  // 4 KiB of K codes
-  static constexpr int kVTileBytes = kHeadDim * kVRowBytes;   // 4 KiB of V codes
-  // In LDS the K tile is padded (k_lds_padded_offset: 4400 B) so that every LDS address of a
-  // tile is a per-lane base plus an immediate; V is not padded.
-  static constexpr int kKLdsBytes = kKLdsPaddedBytes;
-  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;  // 8496 B
-  static constexpr int kStages = 2;                             // double buffer: 16992 B
-  static constexpr int kLdsBytes = kStages * kStageBytes;
-  // Immediate strides of the V layout (v_lds_offset; op_tests/test_gfx12_layout.py): the next
-  // 16-channel block of the reads, the next staging slot (64 channels further) of the stores.
-  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);                        // 512
+  // VGPRs (D = 128), which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile
+  // would need ~50 more). One tile = one K scale block, and one wave = one Q scale block, so
+  // the score scale q_scale·k_scale is a single wave-uniform float per tile.
+  static constexpr int kTileKeys = kKTileKeys;             // 32
+  static constexpr int kKeyChunks = kTileKeys / kWmmaDim;  // 2
+  static constexpr int kQkSteps = D / kWmmaDim;            // 8 / 4 WMMA K-steps over channels
+  static constexpr int kChannelBlocks = D / kWmmaDim;      // 8 / 4 accumulator tiles
+  static constexpr int kKTileBytes = kTileKeys * D;        // 4 / 2 KiB of K codes
+  static constexpr int kVTileBytes = D * kVRowBytes;       // 4 / 2 KiB of V codes
+  // In LDS the K tile is padded (k_lds_padded_offset: 4400 / 2192 B) so that every LDS address
+  // of a tile is a per-lane base plus an immediate; V is not padded.
+  static constexpr int kKLdsBytes = k_lds_padded_bytes(D);
+  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;  // 8496 / 4240 B
+  static constexpr int kStages = 2;                             // double buffer
+  static constexpr int kLdsBytes = kStages * kStageBytes;       // 16992 / 8480 B
+  // Immediate strides of the LDS layouts (op_tests/test_gfx12_layout.py): K chunk kc + 1 of the
+  // reads, the next K staging slot; the next 16-channel block of the V reads, the next V
+  // staging slot (64 channels further).
+  static constexpr int kKLdsChunkStride = k_lds_chunk_stride(D);           // 1088 / 544
+  static constexpr int kKLdsStageSlotStride = k_lds_stage_slot_stride(D);  // 2240 / -
+  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);       // 512
   static constexpr int kVLdsStageSlotStride = v_lds_offset(kThreads * 16 / kVRowBytes, 0);  // 2048
-  static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 x 16 B
-  static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 x 16 B
+  static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 / 1 x 16 B
+  static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 / 1 x 16 B
 
   static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK,
                 "one Q scale per wave and one K scale per tile");
   static_assert(SAGE_SEQ_ALIGN % kTileKeys == 0 && SAGE_SEQ_ALIGN % kQueriesPerWave == 0,
                 "KV tiles and wave query blocks divide the padded sequence: in-bounds loads");
   static_assert(kStageBytes % 16 == 0, "16-byte aligned LDS accesses in both stages");
-  static_assert(kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
-                    kVPiecesPerThread * 16 * kThreads == kVTileBytes,
+  static_assert(kKPiecesPerThread >= 1 && kKPiecesPerThread * 16 * kThreads == kKTileBytes &&
+                    kVPiecesPerThread >= 1 && kVPiecesPerThread * 16 * kThreads == kVTileBytes,
                 "staging covers each tile exactly");
+  static_assert(kQueriesPerWave == kTileKeys,
+                "causal: the diagonal tile of a wave is one tile, and its key 0 is seen by all "
+                "32 rows (every processed tile has a valid key per row)");
 };
 
 // The e4m3 scale folded into the exponent: P·448 is computed as exp2(u + kExpOffset) with
@@ -112,35 +127,40 @@ constexpr float kExpOffset = 8.807350158691406f;
 constexpr int32_t kScoreBiasBits = 0x4B400000;
 constexpr float kScoreBias = 12582912.0f;  // 1.5·2^23
 constexpr float kNegInf = -__builtin_inff();
+constexpr float kLn2 = 0.6931471805599453f;
 
 // The K and V bytes of one tile in flight from global memory to LDS.
+template <class T>
 struct TileStage {
-  u32x4 k[AttnTraits::kKPiecesPerThread];
-  u32x4 v[AttnTraits::kVPiecesPerThread];
+  u32x4 k[T::kKPiecesPerThread];
+  u32x4 v[T::kVPiecesPerThread];
 };
 
 // Per-wave state: Q fragments, accumulators and softmax statistics of 32 queries.
+template <class T>
 struct WaveState {
-  v2i32 q[AttnTraits::kQBlocks][AttnTraits::kQkSteps];          // 32 VGPRs
-  v8f32 acc[AttnTraits::kQBlocks][AttnTraits::kChannelBlocks];  // 128 VGPRs: Oᵀ tiles
-  float m[AttnTraits::kQBlocks];  // running max of t (log2 domain), same in both halves
-  float l[AttnTraits::kQBlocks];  // running sum of P·448 over this half-wave's keys
+  v2i32 q[T::kQBlocks][T::kQkSteps];          // 32 / 16 VGPRs
+  v8f32 acc[T::kQBlocks][T::kChannelBlocks];  // 128 / 64 VGPRs: Oᵀ tiles
+  float m[T::kQBlocks];                       // running max of t (log2 domain), same in both halves
+  float l[T::kQBlocks];                       // running sum of P·448 over this half-wave's keys
 };
 
 // Global addressing: a wave-uniform base pointer per tile (SGPRs) plus a per-lane 32-bit
 // offset that is the same for every tile, so the loads use the SADDR form and the loop keeps
 // one VGPR per load instead of a 64-bit address pair.
+template <class T>
 struct HeadView {
   const int8_t* k8;       // key 0 of this (batch, head); keys are k_row_stride bytes apart
   const sage_fp8_t* v8;   // channel 0, key 0 of this head
   int64_t k_tile_stride;  // bytes from one K tile to the next
-  uint32_t k_lane_off[AttnTraits::kKPiecesPerThread];
-  uint32_t v_lane_off[AttnTraits::kVPiecesPerThread];
+  uint32_t k_lane_off[T::kKPiecesPerThread];
+  uint32_t v_lane_off[T::kVPiecesPerThread];
 };
 
-SAGE_DEVICE HeadView make_head_view(const SageParams& p, int b, int hd) {
-  using T = AttnTraits;
-  HeadView hv;
+// `hd`: the key/value head (GQA: kv_head_of the query head; K/V are never copied).
+template <class T>
+SAGE_DEVICE HeadView<T> make_head_view(const SageParams& p, int b, int hd) {
+  HeadView<T> hv;
   const int64_t k_row_stride = qk8_row_stride(p.heads_kv, T::kHeadDim);
   hv.k8 = p.k8 + qk8_offset(p.heads_kv, T::kHeadDim, p.kv_len_pad, b, 0, hd, 0);
   hv.v8 = p.v8 + v8_offset(head_index(p.heads_kv, b, hd), T::kHeadDim, p.kv_len_pad, 0, 0);
@@ -150,7 +170,8 @@ SAGE_DEVICE HeadView make_head_view(const SageParams& p, int b, int hd) {
   for (int i = 0; i < T::kKPiecesPerThread; ++i) {
     const int piece = stage_piece(tid, i, T::kThreads);
     // < 32 * 65535 * 128 < 2^28.
-    hv.k_lane_off[i] = uint32_t(k_piece_row(piece) * k_row_stride + 16 * k_piece_chunk(piece));
+    hv.k_lane_off[i] = uint32_t(k_piece_row(piece, T::kHeadDim) * k_row_stride +
+                                16 * k_piece_chunk(piece, T::kHeadDim));
   }
 #pragma unroll
   for (int i = 0; i < T::kVPiecesPerThread; ++i) {
@@ -168,9 +189,9 @@ SAGE_DEVICE u32x4 keep_first_bytes(u32x4 x, int n) {
                x.z & first_bytes_mask(2, n), x.w & first_bytes_mask(3, n)};
 }
 
-SAGE_DEVICE TileStage load_tile(const HeadView& hv, int tile) {
-  using T = AttnTraits;
-  TileStage st;
+template <class T>
+SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
+  TileStage<T> st;
   const int8_t* k_tile = hv.k8 + int64_t(tile) * hv.k_tile_stride;
   const sage_fp8_t* v_tile = hv.v8 + int64_t(tile) * T::kTileKeys;
 #pragma unroll
@@ -193,25 +214,30 @@ struct LdsLanes {
   int v_store;  // staging slot 0 of V (slot i: + i·kVLdsStageSlotStride)
 };
 
+template <class T>
 SAGE_DEVICE LdsLanes make_lds_lanes() {
-  using T = AttnTraits;
   const int lane = sage_lane_id(), tid = sage_thread_id();
   const int r = lane_idx(lane), h = lane_half(lane);
   const int piece = stage_piece(tid, 0, T::kThreads);
-  return LdsLanes{k_lds_padded_offset(tile_key(0, r), 4 * h), T::kKLdsBytes + v_lds_offset(r, h),
-                  k_lds_padded_offset(k_piece_row(piece), k_piece_chunk(piece)),
+  constexpr int D = T::kHeadDim;
+  // lane half h reads channels (D/2)h.. = 16-byte chunk (D/32)h
+  return LdsLanes{k_lds_padded_offset(tile_key(0, r), (D / 32) * h, D),
+                  T::kKLdsBytes + v_lds_offset(r, h),
+                  k_lds_padded_offset(k_piece_row(piece, D), k_piece_chunk(piece, D), D),
                   T::kKLdsBytes + v_lds_offset(v_piece_channel(piece), v_piece_half(piece))};
 }
 
-SAGE_DEVICE int stage_base(int stage) { return stage * AttnTraits::kStageBytes; }
+template <class T>
+SAGE_DEVICE int stage_base(int stage) {
+  return stage * T::kStageBytes;
+}
 
-template <class L>
-SAGE_DEVICE void store_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
-  using T = AttnTraits;
-  const int kb = stage_base(stage) + ll.k_store, vb = stage_base(stage) + ll.v_store;
+template <class T, class L>
+SAGE_DEVICE void store_tile(L* lds, int stage, const LdsLanes& ll, const TileStage<T>& st) {
+  const int kb = stage_base<T>(stage) + ll.k_store, vb = stage_base<T>(stage) + ll.v_store;
 #pragma unroll
   for (int i = 0; i < T::kKPiecesPerThread; ++i)
-    sage_lds_store(lds, kb + i * kKLdsStageSlotStride, st.k[i]);
+    sage_lds_store(lds, kb + i * T::kKLdsStageSlotStride, st.k[i]);
 #pragma unroll
   for (int i = 0; i < T::kVPiecesPerThread; ++i)
     sage_lds_store(lds, vb + i * T::kVLdsStageSlotStride, st.v[i]);
@@ -224,17 +250,18 @@ SAGE_DEVICE int imax(int a, int b) { return a > b ? a : b; }
 
 // P·448 of one tile as e4m3 B operands of Pᵀ: [key chunk][query block].
 struct TileP {
-  v2i32 p8[AttnTraits::kKeyChunks][AttnTraits::kQBlocks];
+  v2i32 p8[2][2];  // [kKeyChunks][kQBlocks]
 };
 
 // First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
-// `score_scale` = q_scale·k_scale; kMasked: tile keys >= `keys_valid` lie beyond kv_len.
-template <bool kMasked, class L>
+// `score_scale` = q_scale·k_scale; kMasked: the lane's query of block qb sees only the tile
+// keys < keys_valid[qb] (beyond kv_len, or causally masked). Tile key 0 is always seen.
+template <bool kMasked, class T, class L>
 SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float score_scale,
-                             int keys_valid, WaveState& ws) {
-  using T = AttnTraits;
+                             const int (&keys_valid)[T::kQBlocks], WaveState<T>& ws) {
+  static_assert(T::kKeyChunks == 2 && T::kQBlocks == 2, "TileP");
   const int lane = sage_lane_id();
-  const int kbase = stage_base(stage) + ll.k_read;
+  const int kbase = stage_base<T>(stage) + ll.k_read;
 
   // Sᵀ[kc][qb]: 16 keys x 16 queries, int32; lane = query r, keys tile_key(kc, 8h + j).
   v8i32 s[T::kKeyChunks][T::kQBlocks];
@@ -247,7 +274,8 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       // Two K-steps per 16-byte read: channels qk_channel(kk, h, 0..15).
-      const u32x4 kfrag = sage_lds_load<u32x4>(lds, kbase + kc * kKLdsChunkStride + 16 * (kk / 2));
+      const u32x4 kfrag =
+          sage_lds_load<u32x4>(lds, kbase + kc * T::kKLdsChunkStride + 16 * (kk / 2));
 #pragma unroll
       for (int qb = 0; qb < T::kQBlocks; ++qb) {
         s[kc][qb] = sage_wmma_i32_iu8(lo64(kfrag), ws.q[qb][kk], s[kc][qb]);
@@ -269,10 +297,12 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
     for (int kc = 0; kc < T::kKeyChunks; ++kc)
 #pragma unroll
       for (int j = 0; j < kFragElems; ++j) {
-        const bool valid = !kMasked || tile_key(kc, c_row(lane, j)) < keys_valid;
+        const bool valid = !kMasked || tile_key(kc, c_row(lane, j)) < keys_valid[qb];
         if (valid) fbits = imax(fbits, s[kc][qb][j]);
       }
-    fbits = imax(fbits, sage_shfl_xor(fbits, 16));
+    // The loop's shuffle is a ds_bpermute (an LDS op, not VALU issue); the masked tile's, after
+    // the loop, a permlanex16, which keeps no lane-id address VGPR live across the loop.
+    fbits = imax(fbits, kMasked ? sage_swap_halves(fbits) : sage_shfl_xor(fbits, 16));
     // Key 0 of a processed tile is always valid, so fmax_b is 1.5·2^23 + a real dot.
     const float fmax_b = bits_f32(uint32_t(fbits));
     // The tile's row max of t = dot · score_scale (score_scale > 0 keeps the order).
@@ -292,7 +322,7 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
         // d = dot - dot_max exactly (two floats in [2^23, 2^24): an exact difference), <= 0.
         const float d = bits_f32(uint32_t(s[kc][qb][j])) - fmax_b;
         float x = sage_exp2f(__builtin_fmaf(d, score_scale, bias));  // P·448 < 448 (above)
-        if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid) x = 0.0f;
+        if (kMasked && tile_key(kc, c_row(lane, j)) >= keys_valid[qb]) x = 0.0f;
         p[j] = x;
       }
       part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
@@ -328,13 +358,14 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
 // Second half of a tile: Oᵀ[qb][cb] += Vᵀ(channels 16cb.., keys)·Pᵀ from the V stage. The
 // lane reads channel 16cb + r, tile keys 16h .. 16h + 15 = chunk 0 (low 8 bytes) and chunk 1
 // (high 8 bytes), exactly the keys its P bytes stand for. kMasked (the last tile): V bytes of
-// keys >= keys_valid become +0 — their P is 0, but 0 times a NaN left in the padding is not.
-template <bool kMasked, class L>
+// keys >= keys_valid (= kv_len - tile start, wave-uniform) become +0 — their P is 0, but 0
+// times a NaN left in the padding is not. (Causally masked keys < kv_len hold real V codes,
+// never NaN: prepare's e4m3 conversion saturates.)
+template <bool kMasked, class T, class L>
 SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, const TileP& tp,
-                               int keys_valid, WaveState& ws) {
-  using T = AttnTraits;
+                               int keys_valid, WaveState<T>& ws) {
   const int h = lane_half(sage_lane_id());
-  const int vbase = stage_base(stage) + ll.v_read;
+  const int vbase = stage_base<T>(stage) + ll.v_read;
 #pragma unroll
   for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
     u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride);
@@ -349,37 +380,126 @@ SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, cons
 
 // The end of every main-loop iteration, for waves with and without queries alike: store the
 // next tile's staged K/V and wait for the whole workgroup (one barrier call site).
-template <class L>
-SAGE_DEVICE void stage_tile(L* lds, int stage, const LdsLanes& ll, const TileStage& st) {
+template <class T, class L>
+SAGE_DEVICE void stage_tile(L* lds, int stage, const LdsLanes& ll, const TileStage<T>& st) {
   store_tile(lds, stage, ll, st);
   sage_barrier();
 }
 
-// The output rows of a wave without queries that lie below out_rows: zeros, as the main
-// epilogue writes for rows in [q_len, out_rows).
-SAGE_DEVICE void store_zero_rows(const SageParams& p, int b, int hd, int q0) {
-  using T = AttnTraits;
+// Two output values as a packed pair of out_dtype halves (RNE, as torch's .to()).
+template <bool kFp16>
+SAGE_DEVICE uint32_t pack_halves(float a, float b) {
+  return kFp16 ? uint32_t(f32_to_fp16(a)) | (uint32_t(f32_to_fp16(b)) << 16)
+               : uint32_t(f32_to_bf16(a)) | (uint32_t(f32_to_bf16(b)) << 16);
+}
+
+// The output rows of the wave, O[q][c] = acc / l · v_scale[c]: the lane holds query 16qb + r,
+// channels 16cb + 8h + j = one 16-byte store of 8 halves. Only the head_dim real channels are
+// written (a multiple of 8: a store is all in or all out); rows in [q_len, out_rows) are
+// zeros; rows >= out_rows are not written. kZero: a wave without queries (all its rows zero).
+template <class T, bool kFp16, bool kZero>
+SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const float (&inv_l)[2],
+                            const float* v_scale, int b, int hd, int q0) {
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     const int q = q0 + 16 * qb + r;
     if (q >= p.out_rows) continue;
+    const bool real = !kZero && q < p.q_len;
     const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
 #pragma unroll
-    for (int cb = 0; cb < T::kChannelBlocks; ++cb)
-      sage_gstore<u32x4>(halves(p.out), 2 * (orow + 16 * cb + 8 * h), u32x4{0, 0, 0, 0});
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
+      const int c0 = 16 * cb + 8 * h;
+      if (c0 >= p.head_dim) continue;
+      uint32_t packed[4] = {0u, 0u, 0u, 0u};
+      if (!kZero) {
+        const u32x4 s0 = sage_gload<u32x4>(v_scale, 4 * c0);
+        const u32x4 s1 = sage_gload<u32x4>(v_scale, 4 * (c0 + 4));
+        const uint32_t sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+        for (int j = 0; j < kFragElems; j += 2) {
+          const float o0 = ws.acc[qb][cb][j] * inv_l[qb] * bits_f32(sv[j]);
+          const float o1 = ws.acc[qb][cb][j + 1] * inv_l[qb] * bits_f32(sv[j + 1]);
+          packed[j / 2] = real ? pack_halves<kFp16>(o0, o1) : 0u;
+        }
+      }
+      sage_gstore<u32x4>(halves(p.out), 2 * (orow + c0),
+                         u32x4{packed[0], packed[1], packed[2], packed[3]});
+    }
   }
 }
 
-SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
-  using T = AttnTraits;
-  SAGE_LDS(u32x4, lds, T::kLdsBytes / 16);
-  const int lane = sage_lane_id(), wave = sage_wave_id();
+// LSE rows of the wave (p.lse non-null): ln2·(m + log2 l − kExpOffset + corr), l summed over
+// both half-waves; corr = q_scale · Σ_c q8[c]·k_mean[c] (log2 units) when p.k_mean is given:
+// each half-wave holds the Q codes of its D/2 channels (qk_channel), one shfl_xor adds the
+// halves. Rows in [q_len, out_rows) get -inf. kZero: a wave without queries.
+template <class T, bool kZero>
+SAGE_DEVICE void store_lse(const SageParams& p, const WaveState<T>& ws, const float (&l)[2],
+                           float q_scale, const float* k_mean, int b, int hd, int q0) {
+  constexpr int D = T::kHeadDim;
+  const int lane = sage_lane_id();
+  const int r = lane_idx(lane), h = lane_half(lane);
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb) {
+    float lse = kNegInf;
+    if (!kZero) {
+      float corr = 0.0f;
+      if (k_mean) {
+        float part = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < T::kQkSteps; ++kk)
+#pragma unroll
+          for (int w = 0; w < 2; ++w) {
+            const u32x4 mv = sage_gload<u32x4>(k_mean, 4 * qk_channel(kk, h, 4 * w, D));
+            const uint32_t code = uint32_t(ws.q[qb][kk][w]);
+            const uint32_t mw[4] = {mv.x, mv.y, mv.z, mv.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              part = __builtin_fmaf(float(int8_t(uint8_t(code >> (8 * e)))), bits_f32(mw[e]), part);
+          }
+        corr = q_scale * (part + sage_swap_halves(part));
+      }
+      if (q0 + 16 * qb + r < p.q_len)
+        lse = kLn2 * (((ws.m[qb] + sage_log2f(l[qb])) - kExpOffset) + corr);
+    }
+    const int q = q0 + 16 * qb + r;
+    if (h == 0 && q < p.out_rows) sage_gstore<float>(p.lse, 4 * lse_offset(p, b, hd, q), lse);
+  }
+}
+
+// Tiles [0, n) a block of query rows [row0, row0 + rows) sees (rows clipped to q_len; the
+// caller has row0 < q_len): causal, up to its last real row's keys; otherwise all kv_len keys.
+template <class T, bool kCausal>
+SAGE_DEVICE int tiles_for_rows(const SageParams& p, int row0, int rows) {
+  const int last = row0 + rows < p.q_len ? row0 + rows : p.q_len;  // one past the last row
+  const int keys = kCausal ? int(causal_keys_seen(last - 1, p.kv_len)) : p.kv_len;
+  return (keys + T::kTileKeys - 1) / T::kTileKeys;
+}
+
+// The kernel body of variant (D, kCausal). Every wave of a workgroup takes part in staging the
+// tiles any of its waves sees (group_tiles, one barrier per tile at one call site); a wave
+// computes only its own wave_tiles: causal, the tiles before its diagonal tile full, the
+// diagonal tile masked per row, the rest (fully masked for all its 32 rows) skipped — the wave
+// only keeps staging them for the waves below it in the sequence.
+template <int D, bool kCausal, class L>
+SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
+  using T = AttnTraits<D>;
+  // The wave index through a readlane: the compiler then knows it (and q0, the wave's tile
+  // count, every loop bound) to be wave-uniform. Without it the causal kernel's loop exit
+  // was EXEC-masked (a divergent loop) and clang spilled.
+  const int lane = sage_lane_id(), wave = sage_readlane(sage_wave_id(), 0);
   const int r = lane_idx(lane), h = lane_half(lane);
   const int b = sage_block_id_z(), hd = sage_block_id_y();
+  const int kvh = kv_head_of(p, hd);  // GQA: the key/value head this query head reads
   const int64_t head = head_index(p.heads_q, b, hd);
-  const int q0 = sage_block_id_x() * T::kQueriesPerGroup + wave * T::kQueriesPerWave;
+  const int64_t kv_head = head_index(p.heads_kv, b, kvh);
+  // Causal: the last query groups see the most tiles; block x = 0 takes the last group, so
+  // the heaviest workgroups of a head are dispatched first and the light ones fill the tail.
+  const int n_groups = (p.q_len_pad + T::kQueriesPerGroup - 1) / T::kQueriesPerGroup;
+  const int group = kCausal ? n_groups - 1 - sage_block_id_x() : sage_block_id_x();
+  const int g0 = group * T::kQueriesPerGroup;  // < q_len (multiple of 32 below q_len_pad)
+  const int q0 = g0 + wave * T::kQueriesPerWave;
   // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
   // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
   // WMMA, so its SIMD's issue slots go to the other waves there (the sequence tail: at
@@ -387,21 +507,23 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   // per wave), made explicit with a readlane so that the branch is scalar, not EXEC-masked.
   const bool has_queries = sage_readlane(int(q0 < p.q_len), 0) != 0;
 
-  const HeadView hv = make_head_view(p, b, kv_head_of(p, hd));
-  const LdsLanes ll = make_lds_lanes();
-  const int n_tiles = int((p.kv_len + T::kTileKeys - 1) / T::kTileKeys);
+  const HeadView<T> hv = make_head_view<T>(p, b, kvh);
+  const LdsLanes ll = make_lds_lanes<T>();
+  const int group_tiles = tiles_for_rows<T, kCausal>(p, g0, T::kQueriesPerGroup);
+  const int wave_tiles =
+      kCausal ? tiles_for_rows<T, kCausal>(p, q0, T::kQueriesPerWave) : group_tiles;
 
   // Start the first tile's loads before touching Q so their latencies overlap.
-  TileStage st = load_tile(hv, 0);
+  TileStage<T> st = load_tile(hv, 0);
 
-  WaveState ws;
+  WaveState<T> ws;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
-    const int64_t row = qk8_offset(p.heads_q, T::kHeadDim, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
+    const int64_t row = qk8_offset(p.heads_q, D, p.q_len_pad, b, q0 + 16 * qb + r, hd, 0);
 #pragma unroll
     for (int kk = 0; kk < T::kQkSteps; kk += 2) {
       const u32x4 x =
-          has_queries ? sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0)) : u32x4{0, 0, 0, 0};
+          has_queries ? sage_gload<u32x4>(p.q8, row + qk_channel(kk, h, 0, D)) : u32x4{0, 0, 0, 0};
       ws.q[qb][kk] = lo64(x);
       ws.q[qb][kk + 1] = hi64(x);
     }
@@ -412,70 +534,87 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
   }
   const float q_scale =
       has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
-  const float* k_scales = p.k_scale + qk_scale_offset(head, p.kv_len_pad, 0);
+  const float* k_scales = p.k_scale + qk_scale_offset(kv_head, p.kv_len_pad, 0);
 
   store_tile(lds, 0, ll, st);
   sage_barrier();
-  // Main loop over full tiles. The next tile's global loads are issued after the scores, so
-  // they are in flight during the P·V WMMAs without their 16 staging VGPRs being live during
-  // Q·Kᵀ (where the Sᵀ tile is); one barrier per tile, reached by every wave at the same
-  // point (a wave without queries skips only the compute).
+  // Main loop over the wave's tiles before its last one. The next tile's global loads are
+  // issued after the scores, so they are in flight during the P·V WMMAs without their staging
+  // VGPRs being live during Q·Kᵀ (where the Sᵀ tile is); one barrier per tile, reached by
+  // every wave at the same point (a wave without queries skips only the compute).
   if (has_queries) {
-    for (int t = 0; t + 1 < n_tiles; ++t) {
+    for (int t = 0; t + 1 < wave_tiles; ++t) {
       const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-      const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, T::kTileKeys, ws);
+      const int full[T::kQBlocks] = {T::kTileKeys, T::kTileKeys};
+      const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, full, ws);
       st = load_tile(hv, t + 1);
       accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
       // The other stage was last read in iteration t - 1, before the barrier that ended it.
       stage_tile(lds, (t + 1) & 1, ll, st);
     }
   } else {
-    for (int t = 0; t + 1 < n_tiles; ++t) stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
+    for (int t = 0; t + 1 < group_tiles; ++t)
+      stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
   }
+  const float* v_scale = p.v_scale + channel_offset(kv_head, D, 0);
   if (!has_queries) {
-    store_zero_rows(p, b, hd, q0);
+    const float none[2] = {0.0f, 0.0f};
+    store_rows<T, false, true>(p, ws, none, v_scale, b, hd, q0);
+    if (p.lse) store_lse<T, true>(p, ws, none, 0.0f, nullptr, b, hd, q0);
     return;
   }
   {
-    // The last tile always takes the masked path (full or not): choosing between two
+    // The wave's last tile always takes the masked path (full or not): choosing between two
     // instantiations here put a phi over all 128 accumulator VGPRs and made clang spill.
-    const int t = n_tiles - 1;
-    const int keys_valid = int(p.kv_len) - t * T::kTileKeys;
+    // Keys >= kv_len are masked for P and V; causal, the lane's row also sees only keys <= row
+    // (the diagonal tile: tile key 0 is seen by all 32 rows, as the wave's first row is the
+    // tile's first key or later).
+    const int t = wave_tiles - 1;
+    const int keys_valid = p.kv_len - t * T::kTileKeys;
+    int row_keys[T::kQBlocks];
+#pragma unroll
+    for (int qb = 0; qb < T::kQBlocks; ++qb)
+      row_keys[qb] = kCausal ? int(causal_keys_seen(q0 + 16 * qb + r, p.kv_len)) - t * T::kTileKeys
+                             : keys_valid;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<true>(lds, t & 1, ll, score_scale, keys_valid, ws);
+    const TileP tp = score_tile<true>(lds, t & 1, ll, score_scale, row_keys, ws);
     accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
   }
+  if (kCausal) {
+    // Tiles past this wave's diagonal: fully masked for its rows, staged for the others.
+    for (int t = wave_tiles - 1; t + 1 < group_tiles; ++t)
+      stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
+  }
 
-  // ---- epilogue: O[q][c] = acc / l · v_scale[c]; lane holds query 16qb + r, channels
-  //      16cb + 8h + j. Each half-wave summed its own keys: combine the two halves of l.
-  //      Rows in [q_len, out_rows) are written as zeros.
-  const float* v_scale = p.v_scale + channel_offset(head, T::kHeadDim, 0);
+  // ---- epilogue. Each half-wave summed its own keys: combine the two halves of l.
+  float l[T::kQBlocks], inv_l[T::kQBlocks];
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
-    const float l = ws.l[qb] + sage_shfl_xor(ws.l[qb], 16);
-    const float inv_l = sage_rcpf(l);
-    const int q = q0 + 16 * qb + r;
-    if (q >= p.out_rows) continue;
-    const bool real = q < p.q_len;
-    const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
-#pragma unroll
-    for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
-      const int c0 = 16 * cb + 8 * h;
-      const u32x4 s0 = sage_gload<u32x4>(v_scale, 4 * c0);
-      const u32x4 s1 = sage_gload<u32x4>(v_scale, 4 * (c0 + 4));
-      const uint32_t sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-      uint32_t packed[4];
-#pragma unroll
-      for (int j = 0; j < kFragElems; j += 2) {
-        const float o0 = ws.acc[qb][cb][j] * inv_l * bits_f32(sv[j]);
-        const float o1 = ws.acc[qb][cb][j + 1] * inv_l * bits_f32(sv[j + 1]);
-        packed[j / 2] = real ? uint32_t(f32_to_bf16(o0)) | (uint32_t(f32_to_bf16(o1)) << 16) : 0u;
-      }
-      sage_gstore<u32x4>(halves(p.out), 2 * (orow + c0),
-                         u32x4{packed[0], packed[1], packed[2], packed[3]});
-    }
+    l[qb] = ws.l[qb] + sage_swap_halves(ws.l[qb]);
+    inv_l[qb] = sage_rcpf(l[qb]);
+  }
+  if (p.out_dtype == SAGE_DTYPE_FP16)
+    store_rows<T, true, false>(p, ws, inv_l, v_scale, b, hd, q0);
+  else
+    store_rows<T, false, false>(p, ws, inv_l, v_scale, b, hd, q0);
+  if (p.lse) {
+    const float* k_mean = p.k_mean ? p.k_mean + channel_offset(kv_head, D, 0) : nullptr;
+    store_lse<T, false>(p, ws, l, q_scale, k_mean, b, hd, q0);
   }
 }
+
+// The kernels: one per variant (head dim x causal). GQA, out_dtype, head_dim, LSE and k_mean
+// are run-time fields read outside the main loop (csrc/gfx12/README.md says why).
+#define SAGE_ATTENTION_KERNEL(name, D, CAUSAL)               \
+  SAGE_KERNEL(name, AttnTraits<D>::kThreads)(SageParams p) { \
+    SAGE_LDS(u32x4, lds, AttnTraits<D>::kLdsBytes / 16);     \
+    attention_fwd<D, CAUSAL>(lds, p);                        \
+  }
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel, SAGE_HEAD_DIM_LARGE, false)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal, SAGE_HEAD_DIM_LARGE, true)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64, SAGE_HEAD_DIM_SMALL, false)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal, SAGE_HEAD_DIM_SMALL, true)
+#undef SAGE_ATTENTION_KERNEL
 
 }  // namespace gfx12
 }  // namespace sage
@@ -483,16 +622,61 @@ SAGE_KERNEL(sage_attention_fwd_kernel, AttnTraits::kThreads)(SageParams p) {
 #if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
-SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
-  using sage::gfx12::AttnTraits;
-  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
-  if (!sage::check_features(params, sage::Launch::kAttention, sage::kV1Features, "gfx12")) return 1;
-  const SageParams& p = *params;
-  const unsigned q_groups =
-      unsigned((p.q_len_pad + AttnTraits::kQueriesPerGroup - 1) / AttnTraits::kQueriesPerGroup);
+// FlashAttention-2's static_switch: a run-time value becomes a constexpr NAME inside the body.
+#define SAGE_BOOL_SWITCH(COND, NAME, ...) \
+  [&] {                                   \
+    if (COND) {                           \
+      constexpr bool NAME = true;         \
+      return __VA_ARGS__();               \
+    } else {                              \
+      constexpr bool NAME = false;        \
+      return __VA_ARGS__();               \
+    }                                     \
+  }()
+#define SAGE_HEAD_DIM_SWITCH(DIM, NAME, ...)    \
+  [&] {                                         \
+    if ((DIM) == SAGE_HEAD_DIM_SMALL) {         \
+      constexpr int NAME = SAGE_HEAD_DIM_SMALL; \
+      return __VA_ARGS__();                     \
+    } else {                                    \
+      constexpr int NAME = SAGE_HEAD_DIM_LARGE; \
+      return __VA_ARGS__();                     \
+    }                                           \
+  }()
+
+namespace sage {
+namespace gfx12 {
+template <int D, bool kCausal>
+int launch_attention(const SageParams& p, void* stream) {
+  using T = AttnTraits<D>;
+  const unsigned q_groups = unsigned((p.q_len_pad + T::kQueriesPerGroup - 1) / T::kQueriesPerGroup);
   const sage_dim3 grid{q_groups, unsigned(p.heads_q), unsigned(p.batch)};
-  const int rc =
-      sage_launch(sage::gfx12::sage_attention_fwd_kernel, grid, AttnTraits::kThreads, stream, p);
+  if constexpr (D == SAGE_HEAD_DIM_LARGE && !kCausal)
+    return sage_launch(sage_attention_fwd_kernel, grid, T::kThreads, stream, p);
+  else if constexpr (D == SAGE_HEAD_DIM_LARGE && kCausal)
+    return sage_launch(sage_attention_fwd_kernel_causal, grid, T::kThreads, stream, p);
+  else if constexpr (!kCausal)
+    return sage_launch(sage_attention_fwd_kernel_d64, grid, T::kThreads, stream, p);
+  else
+    return sage_launch(sage_attention_fwd_kernel_d64_causal, grid, T::kThreads, stream, p);
+}
+
+// The ONE place where run-time fields become template arguments: head_dim_pad -> the traits'
+// head dim, mask -> kCausal. (check_params has already limited both to their known values.)
+inline int dispatch_attention(const SageParams& p, void* stream) {
+  return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kHeadDim, [&] {
+    return SAGE_BOOL_SWITCH(p.mask == SAGE_MASK_CAUSAL, kCausal,
+                            [&] { return launch_attention<kHeadDim, kCausal>(p, stream); });
+  });
+}
+}  // namespace gfx12
+}  // namespace sage
+
+SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
+  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
+  if (!sage::check_features(params, sage::Launch::kAttention, sage::kAllFeatures, "gfx12"))
+    return 1;
+  const int rc = sage::gfx12::dispatch_attention(*params, stream);
   if (rc != 0) {
 #if !defined(SAGE_EMU)
     return sage::set_error("sage_attention_launch: kernel launch failed (hip error %d)", rc);

@@ -51,14 +51,16 @@
 //              sage_lds_load<T>(name, byte_offset) / sage_lds_store<T>(name, byte_offset, v)
 //   global     sage_gload<T>(ptr, byte_offset) / sage_gstore<T>(ptr, byte_offset, v)
 //   cross-lane sage_shfl_xor(float|int, lane_mask)  (within the 32-lane wave)
+//              sage_swap_halves(int|float)  (= shfl_xor 16, all lanes active; no address VGPR)
 //              sage_readlane(int|float, lane)
 //   WMMA       sage_wmma_i32_iu8(a, b, c)     signed x signed, no clamp   (v2i32,v2i32,v8i32)
 //              sage_wmma_i32_iu8_ex<sgn_a, sgn_b, clamp>(a, b, c)
 //              sage_wmma_f32_fp8(a, b, c)     e4m3 x e4m3 -> f32          (v2i32,v2i32,v8f32)
 //   convert    sage_cvt_pk_fp8(x, y, old, hi) two f32 -> two e4m3 bytes in the low (hi=false)
 //                                             or high (hi=true) half of `old` (RNE, no clamp)
-//   math       sage_exp2f(x) (hardware v_exp_f32), sage_sqrtf, sage_rintf, sage_fmaxf,
-//              sage_fminf, sage_fabsf, sage_rcpf (1/x, correctly rounded)
+//   math       sage_exp2f(x) (hardware v_exp_f32), sage_log2f(x) (hardware v_log_f32, x > 0
+//              normal; the emulator's accuracy: csrc/emu/README.md), sage_sqrtf, sage_rintf,
+//              sage_fmaxf, sage_fminf, sage_fabsf, sage_rcpf (1/x, correctly rounded)
 // ---------------------------------------------------------------------------------------
 
 #if defined(SAGE_EMU)
@@ -120,6 +122,15 @@ SAGE_DEVICE int sage_shfl_xor(int v, int mask) {
   int src = (sage_lane_id() ^ mask) << 2;
   return __builtin_amdgcn_ds_bpermute(src, v);
 }
+// = sage_shfl_xor(v, 16) with every lane active: v_permlanex16_b32 with the identity lane
+// selects (lane i reads lane i of the other half-wave). A VALU op that needs no per-lane
+// address VGPR and no LDS round trip.
+SAGE_DEVICE int sage_swap_halves(int v) {
+  return __builtin_amdgcn_permlanex16(v, v, 0x76543210u, 0xfedcba98u, false, false);
+}
+SAGE_DEVICE float sage_swap_halves(float v) {
+  return __builtin_bit_cast(float, sage_swap_halves(__builtin_bit_cast(int, v)));
+}
 SAGE_DEVICE float sage_shfl_xor(float v, int mask) {
   return __builtin_bit_cast(float, sage_shfl_xor(__builtin_bit_cast(int, v), mask));
 }
@@ -158,6 +169,11 @@ int sage_cvt_pk_fp8(float x, float y, int old, bool hi) = delete;
 SAGE_DEVICE float sage_exp2f(float x) { return __builtin_amdgcn_exp2f(x); }
 #else
 float sage_exp2f(float x) = delete;
+#endif
+#if !defined(SAGE_HIPRTC) || __has_builtin(__builtin_amdgcn_logf)
+SAGE_DEVICE float sage_log2f(float x) { return __builtin_amdgcn_logf(x); }
+#else
+float sage_log2f(float x) = delete;
 #endif
 SAGE_DEVICE float sage_sqrtf(float x) { return __builtin_sqrtf(x); }
 SAGE_DEVICE float sage_rintf(float x) { return __builtin_rintf(x); }
