@@ -62,9 +62,11 @@ Contract v2 (keyword-only options; each default is upstream's behaviour)
     then / kv_len); K is quantized as float32(K' - mean). Scores are unchanged up to a
     per-row constant, so the softmax is too.
   * LSE (natural log, FP32 [B, Hq, Sq]): ln2 * (m + log2(l) - EXP_OFFSET + corr) from the
-    online softmax's final m and l (l sums P' = P * 2^EXP_OFFSET). With smoothing, corr =
-    q_scale * (q8 . mean) adds back the term the smoothing took out, so the LSE is that of
-    the unsmoothed scores t = q_scale * q8 . (k_scale * k8 + mean); without it corr = 0.
+    online softmax's final m and l (l sums P' = P * 2^EXP_OFFSET). With smoothing, prepare
+    also gives corr = Q' . mean per query row (:class:`Smoothing`: the FP32 scaled query before
+    quantization, so the term is exact up to FP32 rounding), the term the smoothing took out
+    of every score of the row; the LSE is then that of the unsmoothed scores. Without
+    smoothing corr = 0.
 """
 
 from __future__ import annotations
@@ -331,13 +333,12 @@ def prepare(
     eps: float = 1e-6,
     *,
     smooth_k: bool = False,
-    return_k_mean: bool = False,
+    return_smoothing: bool = False,
 ):
     """Reference prepare on BF16/FP16 [B, S, H, D] inputs (any device; computed on the CPU).
 
     Same call form as the op; norm and RoPE are each optional (upstream: all four or none).
-    Returns a :class:`Prepared`; with ``return_k_mean`` also the K mean FP32 [B, Hkv, Dp]
-    (zeros without smoothing)."""
+    Returns a :class:`Prepared`; with ``return_smoothing`` also a :class:`Smoothing`."""
     d = q.shape[-1]
     check_head_dim(d)
     d_pad = padded_head_dim(d)
@@ -352,17 +353,30 @@ def prepare(
     mean = k_mean(kf) if smooth_k else torch.zeros(kf.shape[0], kf.shape[2], d)
     if smooth_k:
         kf = kf - mean[:, None]
-    qs = _pad_channels(q.float() * q_prescale(softmax_scale), d_pad)
-    q8, q_scale = quantize_int8_blocks(qs)
+    q_scaled = q.float() * q_prescale(softmax_scale)
+    q8, q_scale = quantize_int8_blocks(_pad_channels(q_scaled, d_pad))
     k8, k_scale = quantize_int8_blocks(_pad_channels(kf, d_pad))
     v8, v_scale = quantize_v(_pad_channels(v, d_pad))
     prep = Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
-    return (prep, _pad_channels(mean, d_pad)) if return_k_mean else prep
+    if not return_smoothing:
+        return prep
+    group = q.shape[2] // k.shape[2]
+    mean_q = mean.repeat_interleave(group, dim=1)  # [B, Hq, D]
+    corr = torch.einsum("bshd,bhd->bhs", q_scaled.double(), mean_q.double()).float()
+    corr = torch.nn.functional.pad(corr, (0, padded_len(q.shape[1]) - q.shape[1]))
+    return prep, Smoothing(_pad_channels(mean, d_pad), corr)
 
 
 # ----------------------------------------------------------------------------------------------
 # Attention
 # ----------------------------------------------------------------------------------------------
+class Smoothing(NamedTuple):
+    """What K smoothing leaves besides the prepared tensors (zeros without smoothing)."""
+
+    k_mean: torch.Tensor  # FP32 [B, Hkv, Dp]
+    lse_corr: torch.Tensor  # FP32 [B, Hq, Sq_pad]: Q' . k_mean per query row (log2 units)
+
+
 class AttentionResult(NamedTuple):
     out: torch.Tensor  # [B, rows, Hq, D] in out_dtype
     lse: torch.Tensor  # FP32 [B, Hq, rows], natural log; -inf for rows >= q_len
@@ -376,7 +390,7 @@ def attention_from_prepared(
     fp8_p: bool = True,
     *,
     is_causal: bool = False,
-    k_mean: torch.Tensor | None = None,
+    lse_corr: torch.Tensor | None = None,
     head_dim: int | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     return_lse: bool = False,
@@ -386,8 +400,8 @@ def attention_from_prepared(
     ``return_lse``.
 
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
-    kernels' e4m3 P. ``k_mean`` (the smoothing mean prepare used) makes the LSE that of the
-    unsmoothed scores."""
+    kernels' e4m3 P. ``lse_corr`` (:class:`Smoothing`'s, when prepare smoothed K) makes the
+    LSE that of the unsmoothed scores."""
     kv_len = q_len if kv_len is None else kv_len
     # One score scale per tile (the kernels' tile is one K scale block): the row max of
     # t = dot * scale is then taken on the exact integer dots.
@@ -437,10 +451,8 @@ def attention_from_prepared(
     if not return_lse:
         return o
     lse2 = m + torch.log2(l) - offset
-    if k_mean is not None:
-        mean = k_mean.cpu().float().repeat_interleave(group, dim=1)  # [B, Hq, Dp]
-        corr = (q8.double() @ mean.double()[..., None]).squeeze(-1) * qs.double()
-        lse2 = lse2 + corr.float()
+    if lse_corr is not None:
+        lse2 = lse2 + lse_corr.cpu().float()
     return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
 
 
@@ -457,15 +469,15 @@ def sage_attention(
 ):
     """Reference SageAttention: prepare, then the quantized attention model. Output in q's
     dtype with q's head dim; with ``return_lse`` an :class:`AttentionResult`."""
-    prep, mean = prepare(
-        q, k, v, softmax_scale, *args, smooth_k=smooth_k, return_k_mean=True, **prepare_kwargs
+    prep, smoothing = prepare(
+        q, k, v, softmax_scale, *args, smooth_k=smooth_k, return_smoothing=True, **prepare_kwargs
     )
     return attention_from_prepared(
         prep,
         q.shape[1],
         k.shape[1],
         is_causal=is_causal,
-        k_mean=mean if smooth_k else None,
+        lse_corr=smoothing.lse_corr if smooth_k else None,
         head_dim=q.shape[-1],
         out_dtype=q.dtype,
         return_lse=return_lse,

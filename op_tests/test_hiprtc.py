@@ -25,13 +25,11 @@ if str(REPO) not in sys.path:
 
 from aiter_sage import hiprtc, isa, jit_driver  # noqa: E402
 
+from test_isa import PREPARE_WAVES  # noqa: E402
+
 ARCH = "gfx1030"  # an arch Debian 12's comgr (ROCm 5.2) knows
 PREPARE = "module_gfx1201_sage_prepare"
-PREPARE_KERNELS = {
-    "sage_prepare_v_scale_kernel",
-    "sage_prepare_qk_kernel",
-    "sage_prepare_v_quant_kernel",
-}
+PREPARE_KERNELS = set(PREPARE_WAVES)
 STANDIN = REPO / "op_tests" / "cpp" / "comgr_hiprtc.cpp"
 
 

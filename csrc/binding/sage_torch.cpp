@@ -272,7 +272,7 @@ void validate(SageParams p, sage::Launch launch) {
   fill(p.q8), fill(p.q_scale), fill(p.k8), fill(p.k_scale), fill(p.v8), fill(p.v_scale);
   if (launch == sage::Launch::kPrepare) {
     fill(p.q), fill(p.k), fill(p.v);
-    if (p.smooth_k) fill(p.k_mean);
+    if (p.smooth_k) fill(p.k_mean), fill(p.lse_corr);
   } else {
     fill(p.out);
   }
@@ -400,7 +400,7 @@ using PreparedTuple =
 
 struct PrepareResult {
   PreparedTuple prepared;
-  at::Tensor k_mean;  // defined with smooth_k
+  at::Tensor lse_corr;  // defined with smooth_k: the LSE term of the smoothing
 };
 
 PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
@@ -444,8 +444,11 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor k_scale = at::empty({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
   at::Tensor v8 = at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(kFp8Storage));
   at::Tensor v_scale = at::empty({B, Hkv, Dp}, f32);
-  at::Tensor k_mean;
-  if (smooth_k) k_mean = at::empty({B, Hkv, Dp}, f32);
+  at::Tensor k_mean, lse_corr;
+  if (smooth_k) {
+    k_mean = at::empty({B, Hkv, Dp}, f32);
+    lse_corr = at::empty({B, Hq, p.q_len_pad}, f32);
+  }
   p.q8 = q8.data_ptr<int8_t>();
   p.q_scale = q_scale.data_ptr<float>();
   p.k8 = k8.data_ptr<int8_t>();
@@ -453,9 +456,10 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.v8 = reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
   p.v_scale = v_scale.data_ptr<float>();
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
+  p.lse_corr = smooth_k ? lse_corr.data_ptr<float>() : nullptr;
 
   launch(kPrepareModule, "sage_prepare_launch", device, backend, p);
-  return {{q8, q_scale, k8, k_scale, v8, v_scale}, k_mean};
+  return {{q8, q_scale, k8, k_scale, v8, v_scale}, lse_corr};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -469,7 +473,7 @@ struct FwdOptions {
   bool padded_out = true;    // rows: the padded length (the fwd op) or seq_len (attention)
   int64_t out_head_dim = 0;  // channels written: the prepared head dim (0) or the real one
   bool return_lse = false;
-  at::Tensor k_mean;  // smoothing mean for the LSE (undefined: none)
+  at::Tensor lse_corr;  // the smoothing's LSE term (undefined: none)
 };
 
 std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const FwdOptions& o,
@@ -498,7 +502,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const Fw
     lse = at::empty({p.batch, p.heads_q, p.out_rows}, q8.options().dtype(at::kFloat));
     p.lse = lse.data_ptr<float>();
     p.lse_stride_b = lse.stride(0), p.lse_stride_h = lse.stride(1);
-    if (o.k_mean.defined()) p.k_mean = o.k_mean.data_ptr<float>();
+    if (o.lse_corr.defined()) p.lse_corr = o.lse_corr.data_ptr<float>();
   }
   validate(p, sage::Launch::kAttention);
   launch(kAttentionModule, "sage_attention_launch", device, backend, p);
@@ -571,7 +575,7 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
   o.padded_out = false;
   o.out_head_dim = query.size(3);
   o.return_lse = return_lse;
-  o.k_mean = pr.k_mean;
+  o.lse_corr = pr.lse_corr;
   return fwd_checked({q8, qs, k8, ks, v8, vs}, o, backend);
 }
 

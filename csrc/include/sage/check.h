@@ -67,8 +67,8 @@ inline bool check_prepare_params(const SageParams* p) {
     return !set_error("%s: the Q factor softmax_scale*log2(e) must be a finite float32", what);
   if (p->smooth_k != 0 && p->smooth_k != 1)
     return !set_error("%s: smooth_k must be 0 or 1, got %d", what, p->smooth_k);
-  if (p->smooth_k && !p->k_mean)
-    return !set_error("%s: smooth_k needs the k_mean output buffer", what);
+  if (p->smooth_k && (!p->k_mean || !p->lse_corr))
+    return !set_error("%s: smooth_k needs the k_mean and lse_corr output buffers", what);
   if (!p->q_norm_weight != !p->k_norm_weight)
     return !set_error("%s: q and k norm weights must be given together", what);
   if (p->q_norm_weight) {
@@ -128,7 +128,7 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
   if (launch == Launch::kAttention) {
     if (!f.causal && p->mask == SAGE_MASK_CAUSAL) missing = "causal attention";
     if (!f.lse && p->lse) missing = "return_lse";
-    if (!f.smooth_k && p->k_mean) missing = "the LSE of smoothed K";
+    if (!f.smooth_k && p->lse_corr) missing = "the LSE of smoothed K";
   } else if (!f.smooth_k && p->smooth_k) {
     missing = "smooth_k";
   }

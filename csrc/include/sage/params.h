@@ -92,10 +92,16 @@ typedef struct SageParams {
   float* k_scale;  // [B, heads_kv, kv_len_pad / 32]
   sage_fp8_t* v8;  // [B, heads_kv, D, kv_len_pad]  (V transposed)
   float* v_scale;  // [B, heads_kv, D]
-  // [B, heads_kv, D] FP32 mean of K over the real keys (after norm/RoPE). Prepare writes it
-  // when smooth_k (K is quantized minus it); attention reads it when non-null to report the LSE
-  // of the unsmoothed scores. Null: no smoothing.
+  // K smoothing (prepare, smooth_k; both null otherwise):
+  //  k_mean   [B, heads_kv, D] FP32 mean of K over the real keys (after norm/RoPE); K is
+  //           quantized minus it.
+  //  lse_corr [B, heads_q, q_len_pad] FP32: sum_c Q'[row][c] * k_mean[kv head][c], Q' the
+  //           scaled FP32 query before quantization (log2 units; 0 for padded rows): the term
+  //           the smoothing took out of every score of the row.
+  // Attention reads lse_corr when non-null and adds it to the LSE, which is then that of the
+  // unsmoothed scores.
   float* k_mean;
+  float* lse_corr;
 
   // ---- attention output: out_dtype [B, out_rows, heads_q, head_dim], last dim contiguous.
   //      Rows < q_len hold the attention, rows in [q_len, out_rows) are zero
