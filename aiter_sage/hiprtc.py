@@ -215,7 +215,9 @@ def find_hip_include() -> Path | None:
 def device_headers(csrc: Path) -> dict[str, str]:
     """Every header a kernel source may include, by the name it is included as."""
     inc = Path(csrc) / "include"
-    headers = {f"sage/{p.name}": p.read_text() for p in sorted((inc / "sage").glob("*.h"))}
+    headers = {
+        p.relative_to(inc).as_posix(): p.read_text() for p in sorted((inc / "sage").rglob("*.h"))
+    }
     headers["stdint.h"] = (inc / "sage" / "hiprtc" / "stdint.h").read_text()
     return headers
 
