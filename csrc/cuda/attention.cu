@@ -546,10 +546,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
   }
   __syncthreads();
   if (wg == 0) {
-    set_max_regs_dec<40>();
+    set_max_regs_dec<56>();
     produce<T>(p, w, sm, tid);
   } else {
-    set_max_regs_inc<232>();
+    set_max_regs_inc<224>();
     consume<T>(p, w, sm, wg - 1, tid - 128);
   }
 }

@@ -27,6 +27,23 @@ def qk(n):  # s32 += s8 (smem desc) x s8 (smem desc)
     return "\n".join(lines)
 
 
+def qk_init(n):  # s32 = s8 x s8 (the accumulators are outputs only: no input registers)
+    nacc = n // 2
+    lines = [
+        f"// D[64 x {n}] (s32) = A[64 x 32] . B[32 x {n}]: the first k-step of a tile. D is written",
+        "// only, so no earlier instruction defines an input register of this wgmma.",
+        f"SAGE_WGMMA_DEVICE void wgmma_m64n{n}k32_s32_s8s8_init(int (&d)[{nacc}], uint64_t a, uint64_t b) {{",
+        "  asm volatile(",
+        '      "{\\n.reg .pred p;\\nsetp.ne.b32 p, 0, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k32.s32.s8.s8 {{{regs(0, nacc)}}}, "',
+        f'      "%{nacc}, %{nacc + 1}, p;\\n}}\\n"',
+        "      : " + ", ".join(f'"=r"(d[{i}])' for i in range(nacc)),
+        '      : "l"(a), "l"(b));',
+        "}",
+    ]
+    return "\n".join(lines)
+
+
 def pv(n):  # f32 += e4m3 (regs) x e4m3 (smem desc)
     nacc = n // 2
     lines = [
@@ -55,6 +72,6 @@ namespace sage {
 namespace sm90 {
 """
 
-body = [qk(128), pv(128), pv(64)]
+body = [qk(128), qk_init(128), pv(128), pv(64)]
 out = HEADER + "\n\n".join(body) + "\n\n}  // namespace sm90\n}  // namespace sage\n"
 Path(__file__).with_name("sm90_wgmma.h").write_text(out)
