@@ -71,13 +71,32 @@ class OpSignature:
         return inspect.Signature(params)
 
     def bind(self, args, kwargs, extra: tuple[Arg, ...] = ()) -> dict:
-        """Arguments by name, defaults filled in (a TypeError names what does not fit)."""
-        try:
-            bound = self.python_signature(extra).bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"aiter_sage: {self.name}(): {e}") from None
-        bound.apply_defaults()
-        return dict(bound.arguments)
+        """Arguments by name, defaults filled in (a TypeError names what does not fit).
+
+        Plain dict work rather than inspect.Signature.bind: torch.compile traces through
+        it on every torch release (some cannot trace inspect)."""
+        params = (*self.args, *extra)
+        positional = [a.name for a in params if not a.kw_only]
+        if len(args) > len(positional):
+            raise TypeError(
+                f"aiter_sage: {self.name}() takes {len(positional)} positional arguments "
+                f"but {len(args)} were given"
+            )
+        values = dict(zip(positional, args))
+        for name, value in kwargs.items():
+            if not any(a.name == name for a in params):
+                raise TypeError(f"aiter_sage: {self.name}() got an unexpected keyword {name!r}")
+            if name in values:
+                raise TypeError(f"aiter_sage: {self.name}() got multiple values for {name!r}")
+            values[name] = value
+        for a in params:
+            if a.name not in values:
+                if a.default is _REQUIRED:
+                    raise TypeError(
+                        f"aiter_sage: {self.name}() missing a required argument: {a.name!r}"
+                    )
+                values[a.name] = a.default
+        return values
 
     def call_args(self, values: dict) -> tuple[list, dict]:
         """(positional, keyword) arguments for torch.ops in this op's order."""

@@ -115,9 +115,13 @@ def test_fp16(backend, d):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_fp16_large_v_stays_in_band(backend):
+    """|v| up to 6e4 (FP16's range): the output, scaled back, is in the band."""
     q, k, v = make(1, 96, 96, 1, 1, 64, torch.float16, seed=4)
-    v = (v.float() * 2e4).clamp(-6e4, 6e4).to(torch.float16)
-    assert_band(run(backend, q, k, v), sdpa_fp32(q, k, v))
+    scale = 2e4
+    v = (v.float() * scale).clamp(-6e4, 6e4).to(torch.float16)
+    out = run(backend, q, k, v)
+    assert torch.isfinite(out).all()
+    assert_band(out.float() / scale, sdpa_fp32(q, k, v) / scale)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -164,8 +168,12 @@ def test_lse(backend, sq, skv, hq, hkv, d, causal):
     assert lse.dtype == torch.float32 and lse.shape == (1, hq, sq)
     want = ref.sage_attention(q, k, v, is_causal=causal, return_lse=True).lse
     assert (lse - want).abs().max() <= 1e-4, (lse - want).abs().max()
-    # INT8 scores move the LSE by a few 1e-3 on randn inputs.
-    assert (lse - lse_fp32(q, k, is_causal=causal)).abs().max() <= 1e-2
+    # INT8 scores move the LSE by a few 1e-3 on randn inputs. A causal row that sees few keys
+    # keeps the quantization error of those few scores (row 0: one score, no averaging).
+    err = (lse - lse_fp32(q, k, is_causal=causal)).abs()
+    many_keys = torch.arange(sq) + 1 >= 64 if causal else torch.ones(sq, dtype=torch.bool)
+    assert err[..., many_keys].max() <= 1e-2, err[..., many_keys].max()
+    assert err.max() <= 5e-2, err.max()
     assert_band(out, sdpa_fp32(q, k, v, is_causal=causal))
 
 
@@ -201,8 +209,11 @@ def test_smooth_k_on_offset_keys(backend, d):
     assert e_smooth <= 0.8 * e_plain, (e_smooth, e_plain)
     want = ref.sage_attention(q, k, v, smooth_k=True, return_lse=True).lse
     assert (smooth_lse - want).abs().max() <= 1e-4
-    assert (smooth_lse - truth_lse).abs().max() <= (plain_lse - truth_lse).abs().max()
-    assert (smooth_lse - truth_lse).abs().max() <= 0.25
+    # The unsmoothed LSE carries the INT8 error of the offset keys (0.2 and more here); the
+    # smoothed one is as close as on plain randn keys.
+    e_plain_lse = (plain_lse - truth_lse).abs().max()
+    e_smooth_lse = (smooth_lse - truth_lse).abs().max()
+    assert e_plain_lse >= 0.1 and e_smooth_lse <= 2e-2, (e_plain_lse, e_smooth_lse)
 
 
 # ---------------------------------------------------------------------------------- together

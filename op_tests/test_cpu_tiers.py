@@ -184,14 +184,14 @@ def test_tier_attention_v2_in_band_with_lse(tier, sq, skv, hq, hkv, d, dtype, ca
     )
     assert out.dtype == dtype and out.shape == q.shape
     assert ref.band_failures(ref.accuracy(out, ref.attention_fp32(q, k, v, is_causal=causal))) == []
-    prep, mean = ref.prepare(q, k, v, smooth_k=smooth_k, return_k_mean=True)
+    prep, smoothing = ref.prepare(q, k, v, smooth_k=smooth_k, return_smoothing=True)
     want = ref.attention_from_prepared(
         prep,
         sq,
         skv,
         fp8_p=False,
         is_causal=causal,
-        k_mean=mean if smooth_k else None,
+        lse_corr=smoothing.lse_corr if smooth_k else None,
         head_dim=d,
         out_dtype=dtype,
         return_lse=True,

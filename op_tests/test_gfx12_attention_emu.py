@@ -40,7 +40,7 @@ _PARAM_FIELDS = [
     ("rope_sin", ctypes.c_void_p),
     ("rope_dim", ctypes.c_int32),
     ("rope_stride_s", ctypes.c_int64),
-    *[(n, ctypes.c_void_p) for n in "q8 q_scale k8 k_scale v8 v_scale k_mean out".split()],
+    *[(n, ctypes.c_void_p) for n in "q8 q_scale k8 k_scale v8 v_scale k_mean lse_corr out".split()],
     ("out_rows", ctypes.c_int32),
     ("out_stride_b", ctypes.c_int64),
     ("out_stride_s", ctypes.c_int64),
@@ -74,7 +74,9 @@ def _module():
     return _LIB["lib"]
 
 
-def run_kernel(prep, q_len, kv_len, head_dim, *, causal, out_dtype, lse, k_mean=None, extra_rows=0):
+def run_kernel(
+    prep, q_len, kv_len, head_dim, *, causal, out_dtype, lse, lse_corr=None, extra_rows=0
+):
     """Launches the emulated kernel; returns (out [B, out_rows, Hq, head_dim], lse or None,
     the raw output buffer with its guard channels/rows)."""
     lib = _module()
@@ -94,8 +96,8 @@ def run_kernel(prep, q_len, kv_len, head_dim, *, causal, out_dtype, lse, k_mean=
     p.mask = 1 if causal else 0
     p.q8, p.q_scale, p.k8, p.k_scale = q8.data_ptr(), qs.data_ptr(), k8.data_ptr(), ks.data_ptr()
     p.v8, p.v_scale = v8b.data_ptr(), vs.data_ptr()
-    km = None if k_mean is None else k_mean.contiguous().float()
-    p.k_mean = km.data_ptr() if km is not None else None
+    corr = None if lse_corr is None else lse_corr.contiguous().float()
+    p.lse_corr = corr.data_ptr() if corr is not None else None
     p.out = out.data_ptr()
     p.out_rows = out_rows
     p.out_stride_b, p.out_stride_s, p.out_stride_h = out.stride()[:3]
@@ -144,7 +146,7 @@ def test_attention_variant_emu(case):
     q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
     k = (torch.randn(b, skv, hkv, d, generator=g) + (0.5 if smooth else 0.0)).to(dtype)
     v = torch.randn(b, skv, hkv, d, generator=g).to(dtype)
-    prep, mean = ref.prepare(q, k, v, smooth_k=smooth, return_k_mean=True)
+    prep, smoothing = ref.prepare(q, k, v, smooth_k=smooth, return_smoothing=True)
     out, lse = run_kernel(
         prep,
         sq,
@@ -153,7 +155,7 @@ def test_attention_variant_emu(case):
         causal=causal,
         out_dtype=dtype,
         lse=True,
-        k_mean=mean if smooth else None,
+        lse_corr=smoothing.lse_corr if smooth else None,
         extra_rows=5,
     )
     # padded rows: zeros, LSE -inf
@@ -168,7 +170,7 @@ def test_attention_variant_emu(case):
         sq,
         skv,
         is_causal=causal,
-        k_mean=mean if smooth else None,
+        lse_corr=smoothing.lse_corr if smooth else None,
         head_dim=d,
         out_dtype=dtype,
         return_lse=True,

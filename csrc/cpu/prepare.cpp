@@ -6,8 +6,8 @@
 // Work is split in phases over std::threads, each needing the one before:
 //   0. smooth_k only: the K mean's partial sums (K heads x 32 partials), then per head their
 //      pinned-order total into p.k_mean — K blocks are quantized minus this mean;
-//   1. every 32-row block of Q (heads_q) and of K (heads_kv), and every K/V head's V channel
-//      scales;
+//   1. every 32-row block of Q (heads_q; with smooth_k also its rows' p.lse_corr = Q'.k_mean)
+//      and of K (heads_kv), and every K/V head's V channel scales;
 //   2. every 64-key chunk of V (needs its head's scales from phase 1).
 // Every byte of the prepared tensors is written, padding included (the binding allocates them
 // with torch.empty).

@@ -11,7 +11,8 @@ struct PrepareKernels {
   // partial[0 .. head_dim_pad).
   void (*k_mean_partial)(const SageParams& p, int64_t head, int g, float* partial);
   // One 32-row scale block of Q (is_q) or K of linear head `head` (= b * heads + h; heads_q
-  // for Q, heads_kv for K). With smooth_k, p.k_mean must be complete first.
+  // for Q, heads_kv for K). With smooth_k, p.k_mean must be complete first: K blocks subtract
+  // it, Q blocks write their rows' p.lse_corr from it.
   void (*qk_block)(const SageParams& p, bool is_q, int64_t head, int64_t block);
   // Per-channel V scales of one K/V head (run before that head's v_chunk items).
   void (*v_scales)(const SageParams& p, int64_t head);

@@ -9,7 +9,7 @@
 //
 // Variants: AttnTraits<kHeadDim> (64 or 128) x kCausal are template arguments, set in ONE
 // place (dispatch_attention at the bottom) from head_dim_pad and mask; everything else (GQA's
-// kv head, out_dtype, head_dim, LSE, k_mean) is read at run time outside the main loop. Work
+// kv head, out_dtype, head_dim, LSE, lse_corr) is read at run time outside the main loop. Work
 // split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
 // of its 4 waves owns 32 queries (one Q scale block). K and V tiles of 32 keys are staged in
 // LDS, shared by the 4 waves, double-buffered, with one barrier per tile. The padded lengths
@@ -431,39 +431,21 @@ SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const f
 }
 
 // LSE rows of the wave (p.lse non-null): ln2·(m + log2 l − kExpOffset + corr), l summed over
-// both half-waves; corr = q_scale · Σ_c q8[c]·k_mean[c] (log2 units) when p.k_mean is given:
-// each half-wave holds the Q codes of its D/2 channels (qk_channel), one shfl_xor adds the
-// halves. Rows in [q_len, out_rows) get -inf. kZero: a wave without queries.
+// both half-waves; corr = p.lse_corr[row] (log2 units, written by prepare with K smoothing)
+// when given, else 0. Rows in [q_len, out_rows) get -inf. kZero: a wave without queries.
 template <class T, bool kZero>
 SAGE_DEVICE void store_lse(const SageParams& p, const WaveState<T>& ws, const float (&l)[2],
-                           float q_scale, const float* k_mean, int b, int hd, int q0) {
-  constexpr int D = T::kHeadDim;
+                           const float* lse_corr, int b, int hd, int q0) {
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     float lse = kNegInf;
-    if (!kZero) {
-      float corr = 0.0f;
-      if (k_mean) {
-        float part = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < T::kQkSteps; ++kk)
-#pragma unroll
-          for (int w = 0; w < 2; ++w) {
-            const u32x4 mv = sage_gload<u32x4>(k_mean, 4 * qk_channel(kk, h, 4 * w, D));
-            const uint32_t code = uint32_t(ws.q[qb][kk][w]);
-            const uint32_t mw[4] = {mv.x, mv.y, mv.z, mv.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              part = __builtin_fmaf(float(int8_t(uint8_t(code >> (8 * e)))), bits_f32(mw[e]), part);
-          }
-        corr = q_scale * (part + sage_swap_halves(part));
-      }
-      if (q0 + 16 * qb + r < p.q_len)
-        lse = kLn2 * (((ws.m[qb] + sage_log2f(l[qb])) - kExpOffset) + corr);
-    }
     const int q = q0 + 16 * qb + r;
+    if (!kZero && q < p.q_len) {
+      const float corr = lse_corr ? sage_gload<float>(lse_corr, 4 * q) : 0.0f;
+      lse = kLn2 * (((ws.m[qb] + sage_log2f(l[qb])) - kExpOffset) + corr);
+    }
     if (h == 0 && q < p.out_rows) sage_gstore<float>(p.lse, 4 * lse_offset(p, b, hd, q), lse);
   }
 }
@@ -560,7 +542,7 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
   if (!has_queries) {
     const float none[2] = {0.0f, 0.0f};
     store_rows<T, false, true>(p, ws, none, v_scale, b, hd, q0);
-    if (p.lse) store_lse<T, true>(p, ws, none, 0.0f, nullptr, b, hd, q0);
+    if (p.lse) store_lse<T, true>(p, ws, none, nullptr, b, hd, q0);
     return;
   }
   {
@@ -598,12 +580,13 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
   else
     store_rows<T, false, false>(p, ws, inv_l, v_scale, b, hd, q0);
   if (p.lse) {
-    const float* k_mean = p.k_mean ? p.k_mean + channel_offset(kv_head, D, 0) : nullptr;
-    store_lse<T, false>(p, ws, l, q_scale, k_mean, b, hd, q0);
+    const float* lse_corr =
+        p.lse_corr ? p.lse_corr + lse_corr_offset(head, p.q_len_pad, 0) : nullptr;
+    store_lse<T, false>(p, ws, l, lse_corr, b, hd, q0);
   }
 }
 
-// The kernels: one per variant (head dim x causal). GQA, out_dtype, head_dim, LSE and k_mean
+// The kernels: one per variant (head dim x causal). GQA, out_dtype, head_dim, LSE and lse_corr
 // are run-time fields read outside the main loop (csrc/gfx12/README.md says why).
 #define SAGE_ATTENTION_KERNEL(name, D, CAUSAL)               \
   SAGE_KERNEL(name, AttnTraits<D>::kThreads)(SageParams p) { \

@@ -9,7 +9,9 @@
 //               maxima across workgroups, so one wide workgroup streams the head once.
 //   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
 //               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
-//               the sequence are written as zeros (outputs come from torch.empty).
+//               the sequence are written as zeros (outputs come from torch.empty). With
+//               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
+//               scaled query), the LSE term the smoothing takes out of the row's scores.
 //   3. v_quant  one workgroup per (128-key tile, kv head, batch): V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
 //               tile stores only the keys below S_pad (a multiple of 32).
@@ -310,17 +312,23 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   const int len_pad = is_q ? p.q_len_pad : p.kv_len_pad;
   int8_t* const out8 = is_q ? p.q8 : p.k8;
   float* const out_scale = is_q ? p.q_scale : p.k_scale;
-  const float factor = is_q ? p.q_prescale : 1.0f;  // K: x * 1 = x exactly
+  const float factor = p.q_prescale;  // Q only
   const RowFn f = is_q ? make_row_fn<T>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b, hd,
                                         p.q_norm_weight, tid)
                        : make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd,
                                         p.k_norm_weight, tid);
-  // Smoothing subtracts the K mean (kernel 1); otherwise x - (+0) = x exactly.
+  // Smoothing: `mean` is the K mean of the block's key/value head (kernel 1). K blocks
+  // subtract it (otherwise x - (+0) = x exactly); Q blocks write each row's LSE term
+  // lse_corr = Σ_c Q'[c]·mean[c] (a per-lane partial dot, then the row's butterfly).
+  const bool q_corr = is_q && p.smooth_k;  // uniform over the workgroup
   float mean[T::kChunk];
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) mean[i] = 0.0f;
-  if (!is_q && p.smooth_k)
-    unpack_f32x8(p.k_mean, 4 * channel_offset(head, T::kHeadDim, T::kChunk * f.c), mean);
+  if (p.smooth_k)
+    unpack_f32x8(
+        p.k_mean,
+        4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
+        mean);
 
   // x[pass][i]: the FP32 value to quantize (Q' or K') of row prep_row(tid, pass), channel 8c+i.
   float x[T::kQkPasses][T::kChunk];
@@ -333,8 +341,22 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     load_row<T>(f, p, s, in_seq, v);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
-      x[pass][i] = in_seq ? v[i] * factor - mean[i] : 0.0f;
+      x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
       amax = nan_max(amax, sage_fabsf(x[pass][i]));
+    }
+  }
+  if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+      float corr = 0.0f;
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) corr = corr + x[pass][i] * mean[i];
+#pragma unroll
+      for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) corr = corr + sage_shfl_xor(corr, n);
+      if (f.c == 0)
+        sage_gstore<float>(p.lse_corr, 4 * lse_corr_offset(head, p.q_len_pad, s),
+                           s < len ? corr : 0.0f);
     }
   }
   // Block amax: wave butterfly, then the 4 waves through LDS (every lane stores its copy, so
@@ -467,7 +489,7 @@ int check_launch(int rc, const char* kernel) {
 }
 
 // The three launches of one head dim, in stream order: kernel 1 writes v_scale (and
-// k_mean), which kernels 2 (K with smoothing) and 3 read.
+// k_mean), which kernels 2 (K blocks and Q's lse_corr with smoothing) and 3 read.
 template <class T, class KVs, class KQk, class KVq>
 int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);

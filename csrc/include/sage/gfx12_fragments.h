@@ -1,44 +1,16 @@
-// aiter_sage: lane bookkeeping of the gfx12 kernels — which lane holds which element of a
-// WMMA operand, how the attention kernel permutes channels and keys to make those operands
-// contiguous, and where tiles live in LDS. Pure integer functions, usable on host and device,
-// unit-tested on the host by op_tests/test_gfx12_layout.py (every mapping covers each element
-// exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
+// aiter_sage: lane bookkeeping of the gfx12 kernels — how the attention kernel permutes
+// channels and keys to make the WMMA operands (sage/arch/gfx12_wmma.h: the hardware's lane
+// layout) contiguous, and where tiles live in LDS. Pure integer functions, usable on host and
+// device, unit-tested on the host by op_tests/test_gfx12_layout.py (every mapping covers each
+// element exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
 // accumulator of one WMMA is the P operand of the next).
-//
-// gfx12 wave32 WMMA 16x16x16 (csrc/gfx12/README.md, "gfx12 WMMA facts"): h = lane / 16, r = lane %
-// 16, element j = 0..7 of a lane's register vector (byte j of the v2i32 for 8-bit operands, VGPR j
-// of C/D):
-//   A (M x K): row r,      column 8h + j
-//   B (K x N): row 8h + j, column r
-//   C/D (M x N): row 8h + j, column r
 #pragma once
+#include "sage/arch/gfx12_wmma.h"
 #include "sage/params.h"
 #include "sage/platform.h"
 
 namespace sage {
 namespace gfx12 {
-
-constexpr int kWaveSize = 32;
-constexpr int kWmmaDim = 16;   // M = N = K = 16
-constexpr int kFragElems = 8;  // elements per lane per operand / accumulator
-constexpr int kLdsBankBytes = 4;
-// Bytes one LDS pass serves: 64 banks x 4 B. A 128-bit access by 32 lanes takes at least two
-// passes of 16 lanes; an access pattern is conflict free when each 16-lane group touches 16
-// distinct 16-byte slots modulo this size.
-constexpr int kLdsPassBytes = 256;
-
-// ---------------------------------------------------------------- WMMA lane layout ------
-SAGE_HD constexpr int lane_half(int lane) { return lane >> 4; }  // h
-SAGE_HD constexpr int lane_idx(int lane) { return lane & 15; }   // r
-// A operand: element j of `lane` is A[a_row(lane)][a_col(lane, j)].
-SAGE_HD constexpr int a_row(int lane) { return lane_idx(lane); }
-SAGE_HD constexpr int a_col(int lane, int j) { return 8 * lane_half(lane) + j; }
-// B operand: element j of `lane` is B[b_row(lane, j)][b_col(lane)].
-SAGE_HD constexpr int b_row(int lane, int j) { return 8 * lane_half(lane) + j; }
-SAGE_HD constexpr int b_col(int lane) { return lane_idx(lane); }
-// C/D accumulator: element j of `lane` is C[c_row(lane, j)][c_col(lane)].
-SAGE_HD constexpr int c_row(int lane, int j) { return 8 * lane_half(lane) + j; }
-SAGE_HD constexpr int c_col(int lane) { return lane_idx(lane); }
 
 // ------------------------------------------------------- attention: operand mapping ------
 // Sᵀ = K·Qᵀ (iu8): A = K tile (rows = keys, K-dim = channels), B = Qᵀ (columns = queries).

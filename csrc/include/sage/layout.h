@@ -52,6 +52,10 @@ SAGE_HD constexpr int64_t v8_offset(int64_t head, int64_t dim, int64_t s_pad, in
 SAGE_HD constexpr int64_t channel_offset(int64_t head, int64_t dim, int64_t d) {
   return head * dim + d;
 }
+// K smoothing's LSE term: [B, heads_q, q_len_pad]; offset of row s of linear query head `head`.
+SAGE_HD constexpr int64_t lse_corr_offset(int64_t head, int64_t s_pad, int64_t s) {
+  return head * s_pad + s;
+}
 // [B, S, H, D] inputs and outputs with arbitrary b/s/h strides (elements).
 SAGE_HD constexpr int64_t bshd_offset(int64_t sb, int64_t ss, int64_t sh, int64_t b, int64_t s,
                                       int64_t h) {
