@@ -65,8 +65,16 @@ def test_attention_ptx_uses_wgmma(attention_build):
 def test_attention_has_no_spills(attention_build):
     log, _ = attention_build
     frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert len(frames) == 2, log  # the Dp = 64 and Dp = 128 kernels
+    assert len(frames) >= 2, log  # the Dp = 64 and Dp = 128 kernels (each ring depth)
     assert all(f == ("0", "0", "0") for f in frames), log
+
+
+def test_attention_wgmmas_are_not_serialized(attention_build):
+    """ptxas C7513: a non-wgmma instruction defining an input register of an in-flight wgmma
+    makes ptxas wait for every wgmma right after its issue, losing the overlap of Q.K^T(j) and
+    the softmax with P.V(j-1) (measured: 394 -> see README TFLOPS at S = 16k on an H200)."""
+    log, _ = attention_build
+    assert "C7513" not in log, log
 
 
 def test_prepare_compiles_without_contraction(tmp_path):
@@ -198,5 +206,8 @@ def test_compute_sanitizer(tool, tmp_path):
         cmd[3:3] = ["--racecheck-report", "all"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=os.environ.copy())
     text = proc.stdout + proc.stderr
+    if os.environ.get("SAGE_SANITIZER_LOG_DIR"):  # the whole report, for a device run's $OUT
+        with open(os.path.join(os.environ["SAGE_SANITIZER_LOG_DIR"], f"{tool}.log"), "w") as f:
+            f.write(text)
     assert proc.returncode == 0 and "sanitized run done" in text, text[-4000:]
     assert "ERROR SUMMARY: 0 errors" in text or "RACECHECK SUMMARY: 0 hazards" in text, text[-4000:]

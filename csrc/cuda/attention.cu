@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "sage/check.h"
 #include "sage/layout.h"
@@ -235,23 +236,14 @@ __device__ void produce(const SageParams& p, const Work& w, const Smem<T>& sm, i
     for (int i = tid; i < T::kDim * (kBlockN / 16); i += 128) {
       const int ch = i / (kBlockN / 16), c = i % (kBlockN / 16);
       const int key = key0 + 16 * c;
-      const bool in = key < p.kv_len_pad;
-      const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, in ? key : 0);
-      cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, in ? 16 : 0);
+      // Keys >= kv_len: padded keys get P = 0, but their V codes may be anything (NaN codes
+      // included), and 0 * NaN is NaN in the MMA. cp.async fills the bytes past src_bytes with
+      // zeros, so each thread zeroes exactly the bytes it copies (no cross-thread hand-off).
+      const int bytes = min(16, max(0, p.kv_len - key));
+      const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
+      cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, bytes);
     }
-    if (key0 + kBlockN <= p.kv_len) {
-      cp_async_arrive(sm.full_v(s));
-    } else {
-      // The tile holding kv_len: padded keys get P = 0, but their V codes may be anything
-      // (NaN codes included), and 0 * NaN is NaN in the MMA. Zero them once the copies landed.
-      asm volatile("cp.async.wait_all;" ::: "memory");
-      for (int i = tid; i < T::kDim * kBlockN; i += 128) {
-        const int ch = i / kBlockN, kk = i % kBlockN;
-        if (key0 + kk >= p.kv_len) sm.v(s)[swz_offset(ch, kk / 16, 128) + kk % 16] = 0;
-      }
-      fence_proxy_async();
-      mbar_arrive(sm.full_v(s));
-    }
+    cp_async_arrive(sm.full_v(s));
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
@@ -273,15 +265,13 @@ struct Consumer {
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
-                                             int key0, float (&alpha)[2],
-                                             uint32_t (&pa)[kBlockN / 32][4]) {
+                                             int key0, float (&alpha)[2], float (&f)[64]) {
   float sc[4];
 #pragma unroll
   for (int blk = 0; blk < 4; ++blk) {
     const int kb = key0 / SAGE_SCALE_BLOCK + blk;
     sc[blk] = c.qs * (kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f);
   }
-  float f[64];
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int ch = 0; ch < 16; ++ch) {
@@ -324,6 +314,12 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) c.l[h] = c.l[h] * alpha[h] + sum[h];
+}
+
+// P (f32, the softmax numerators) -> e4m3 A fragments of the PV wgmma. Runs only once no PV
+// wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
+// extend their live range to the wait, so a write there would serialize the wgmmas, C7513).
+__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[kBlockN / 32][4]) {
   // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
   // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
 #pragma unroll
@@ -359,7 +355,12 @@ __device__ __forceinline__ QkDesc<T> qk_desc(const Smem<T>& sm, int wg, int stag
 template <class T>
 __device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[64]) {
 #pragma unroll
-  for (int kb = 0; kb < T::kDim / 32; ++kb) wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], kb > 0);
+  for (int kb = 0; kb < T::kDim / 32; ++kb) {
+    if (kb == 0)
+      wgmma_m64n128k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
+    else
+      wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
+  }
 }
 struct PvDesc {
   uint64_t b[kBlockN / 32];
@@ -416,25 +417,33 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   mbar_wait(sm.full_k(0), 0);
   fence_proxy_async();
   {
-    const QkDesc<T> qd = qk_desc(sm, wg, 0);
+    QkDesc<T> qd = qk_desc(sm, wg, 0);
+    reg_fence(qd.a);
+    reg_fence(qd.b);
     wgmma_fence();
     issue_qk<T>(qd, s);
   }
   wgmma_commit();
   wgmma_wait<0>();
   reg_fence(s);
+  float f[64];
   if (tile_needs_mask<T>(p, 0, wg_row0))
-    softmax_tile<T, true>(pk, c, s, 0, alpha, c.pa);
+    softmax_tile<T, true>(pk, c, s, 0, alpha, f);
   else
-    softmax_tile<T, false>(pk, c, s, 0, alpha, c.pa);
+    softmax_tile<T, false>(pk, c, s, 0, alpha, f);
+  pack_p(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
     fence_proxy_async();
-    const QkDesc<T> qd = qk_desc(sm, wg, st);
+    QkDesc<T> qd = qk_desc(sm, wg, st);
     PvDesc vd = pv_desc(sm, prev);
+    reg_fence(qd.a);
+    reg_fence(qd.b);
+    reg_fence(vd.b);
+    reg_fence(c.pa);
     reg_fence(c.o);
     wgmma_fence();
     issue_qk<T>(qd, s);
@@ -443,31 +452,27 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     wgmma_commit();
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
-    uint32_t pn[kBlockN / 32][4];
     const int key0 = j * kBlockN;
     if (tile_needs_mask<T>(p, key0, wg_row0))
-      softmax_tile<T, true>(pk, c, s, key0, alpha, pn);
+      softmax_tile<T, true>(pk, c, s, key0, alpha, f);
     else
-      softmax_tile<T, false>(pk, c, s, key0, alpha, pn);
+      softmax_tile<T, false>(pk, c, s, key0, alpha, f);
     wgmma_wait<0>();
     reg_fence(c.o);
-    // The operands of tile j-1's PV wgmma stay in their registers until it is done (ptxas
-    // serializes the wgmmas if the softmax above may reuse them).
     reg_fence(c.pa);
-    reg_fence(vd.b);
+    reg_fence(f);
     if (lane == 0) mbar_arrive(sm.empty(prev));
 #pragma unroll
     for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
-#pragma unroll
-    for (int kb = 0; kb < kBlockN / 32; ++kb)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) c.pa[kb][r] = pn[kb][r];
+    pack_p(f, c.pa);
   }
   {
     const int last = (w.n_tiles - 1) % T::kStages;
     mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
     fence_proxy_async();
-    const PvDesc vd = pv_desc(sm, last);
+    PvDesc vd = pv_desc(sm, last);
+    reg_fence(vd.b);
+    reg_fence(c.pa);
     reg_fence(c.o);
     wgmma_fence();
     issue_pv<T>(vd, c.o, c.pa);
@@ -519,7 +524,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
       float lse = -INFINITY;
       if (real) {
         float l2 = c.m[h] + log2f(c.l[h]) - kExpOffset;
-        if (p.lse_corr) l2 += p.lse_corr[hq_lin * p.q_len_pad + row];
+        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_lin, p.q_len_pad, row)];
         lse = l2 * kLn2;
       }
       p.lse[lse_offset(p, w.b, w.hq, row)] = lse;
@@ -546,10 +551,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
   }
   __syncthreads();
   if (wg == 0) {
-    set_max_regs_dec<56>();
+    set_max_regs_dec<72>();
     produce<T>(p, w, sm, tid);
   } else {
-    set_max_regs_inc<224>();
+    set_max_regs_inc<216>();
     consume<T>(p, w, sm, wg - 1, tid - 128);
   }
 }
@@ -610,6 +615,16 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
                            "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
-  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL) return launch<s9::Traits<64, 4>>(p, st);
-  return launch<s9::Traits<128, 2>>(p, st);
+  // AITER_SAGE_CUDA_STAGES (tuning only): 0 or unset = the default depth of the KV ring.
+  static const int stages = [] {
+    const char* e = getenv("AITER_SAGE_CUDA_STAGES");
+    return e ? atoi(e) : 0;
+  }();
+  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL) {
+    if (stages == 8) return launch<s9::Traits<64, 8>>(p, st);
+    return launch<s9::Traits<64, 4>>(p, st);
+  }
+  if (stages == 2) return launch<s9::Traits<128, 2>>(p, st);
+  if (stages == 3) return launch<s9::Traits<128, 3>>(p, st);
+  return launch<s9::Traits<128, 4>>(p, st);
 }
