@@ -11,7 +11,9 @@
 //                    to the consumers (setmaxnreg).
 //   warpgroups 1, 2  consumers, 64 query rows each. Per KV tile j the QK wgmma of tile j is in
 //                    flight while the PV wgmma of tile j-1 runs, and the softmax of tile j
-//                    overlaps the PV of tile j-1 (two wgmma groups in flight).
+//                    overlaps the PV of tile j-1 (two wgmma groups in flight); P is packed to
+//                    e4m3 only once that PV retired (no register of an in-flight wgmma is
+//                    written: ptxas would serialize the wgmmas, warning C7513).
 //
 // Layouts in shared memory (all K-major, the only major-ness wgmma takes for 8-bit operands):
 //   Q tile  [128 rows][Dp bytes], K tile [128 keys][Dp bytes], V tile [Dp channels][128 keys]
@@ -51,10 +53,13 @@ constexpr int kConsumerWarps = 8;
 constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
 constexpr float kLn2 = 0.6931471805599453f;
 
-template <int kDp, int kStages_>
+template <int kDp, int kStages_, bool kPingPong_ = false>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
+  // The two consumer warpgroups take turns issuing their wgmmas (named barriers 1 and 2), so
+  // one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  static constexpr bool kPingPong = kPingPong_;
   static constexpr int kQBytes = kBlockM * kDp;
   static constexpr int kKBytes = kBlockN * kDp;
   static constexpr int kVBytes = kDp * kBlockN;
@@ -97,6 +102,14 @@ __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
 // proxy).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Named barriers 1 + wg: "warpgroup wg may issue its wgmmas". 256 threads: the 128 of the
+// waiting warpgroup (bar.sync) and the 128 of the other one (bar.arrive).
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
 }
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -412,6 +425,17 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
 
   int s[64];
   float alpha[2];
+  // Turns (T::kPingPong): each warpgroup issues n_tiles + 1 wgmma blocks (QK of tile 0, one
+  // QK + PV per loop step, the last PV), each between my_turn() and pass(). Warpgroup 0 goes
+  // first: warpgroup 1 hands it the first turn, and skips its own last hand-over, so every
+  // barrier gets exactly as many arrivals as syncs.
+  const auto my_turn = [&] {
+    if constexpr (T::kPingPong) named_sync(1 + wg);
+  };
+  const auto pass = [&] {
+    if constexpr (T::kPingPong) named_arrive(1 + (wg ^ 1));
+  };
+  if (T::kPingPong && wg == 1) named_arrive(1);
   mbar_wait(sm.full_q(), 0);
   // Tile 0.
   mbar_wait(sm.full_k(0), 0);
@@ -420,10 +444,12 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     QkDesc<T> qd = qk_desc(sm, wg, 0);
     reg_fence(qd.a);
     reg_fence(qd.b);
+    my_turn();
     wgmma_fence();
     issue_qk<T>(qd, s);
   }
   wgmma_commit();
+  pass();
   wgmma_wait<0>();
   reg_fence(s);
   float f[64];
@@ -445,11 +471,13 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
+    my_turn();
     wgmma_fence();
     issue_qk<T>(qd, s);
     wgmma_commit();
     issue_pv<T>(vd, c.o, c.pa);
     wgmma_commit();
+    pass();
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
     const int key0 = j * kBlockN;
@@ -474,9 +502,11 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
+    my_turn();
     wgmma_fence();
     issue_pv<T>(vd, c.o, c.pa);
     wgmma_commit();
+    if (wg == 0) pass();
     wgmma_wait<0>();
     reg_fence(c.o);
     if (lane == 0) mbar_arrive(sm.empty(last));
@@ -615,16 +645,14 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
                            "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
-  // AITER_SAGE_CUDA_STAGES (tuning only): 0 or unset = the default depth of the KV ring.
-  static const int stages = [] {
-    const char* e = getenv("AITER_SAGE_CUDA_STAGES");
-    return e ? atoi(e) : 0;
+  // AITER_SAGE_CUDA_PINGPONG=1 (measurements only): the consumer warpgroups take turns issuing
+  // their wgmmas. Off by default: on an H200 it measured 5.76 vs 5.78 ms at S = 16k, D = 128
+  // (no gain) and 5.03 vs 4.82 ms at D = 64 (a loss).
+  static const bool pingpong = [] {
+    const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
+    return e && e[0] == '1';
   }();
-  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL) {
-    if (stages == 8) return launch<s9::Traits<64, 8>>(p, st);
-    return launch<s9::Traits<64, 4>>(p, st);
-  }
-  if (stages == 2) return launch<s9::Traits<128, 2>>(p, st);
-  if (stages == 3) return launch<s9::Traits<128, 3>>(p, st);
-  return launch<s9::Traits<128, 4>>(p, st);
+  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL)
+    return pingpong ? launch<s9::Traits<64, 4, true>>(p, st) : launch<s9::Traits<64, 4>>(p, st);
+  return pingpong ? launch<s9::Traits<128, 4, true>>(p, st) : launch<s9::Traits<128, 4>>(p, st);
 }

@@ -4,6 +4,7 @@
 set -o pipefail
 OUT=${OUT:-./h200_out}; mkdir -p "$OUT"
 export CXX=${CXX:-/usr/bin/g++} AITER_SAGE_CACHE_DIR=${AITER_SAGE_CACHE_DIR:-/tmp/c} PYTHONUNBUFFERED=1
+export SAGE_SANITIZER_LOG_DIR=$OUT  # the whole compute-sanitizer reports
 STAGE=${STAGE:-all}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 op_tests/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log" || exit 1
