@@ -39,6 +39,26 @@ def _gfx12_target(device: torch.device) -> str:
     return arch
 
 
+def _cuda_capability(device: torch.device) -> Optional[tuple[int, int]]:
+    """Compute capability of an NVIDIA GPU (None for ROCm or non-CUDA devices)."""
+    if device.type != "cuda" or torch.version.hip or not torch.version.cuda:
+        return None
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def _cuda_target(device: torch.device) -> str:
+    cap = _cuda_capability(device)
+    archs = jit_driver.module_table().CUDA_ARCHS
+    arch = f"sm_{cap[0]}{cap[1]}" if cap else "none"
+    if arch not in archs:
+        name = torch.cuda.get_device_name(device) if cap else str(device)
+        raise ValueError(
+            f"aiter_sage: the cuda backend supports Hopper GPUs ({', '.join(archs)}: H100, "
+            f"H200) only; {name} is {arch}"
+        )
+    return arch
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -51,13 +71,18 @@ class Backend:
     def serves(self, device: torch.device) -> bool:
         if device.type != self.device_type:
             return False
-        return self.device_type != "cuda" or _rocm_arch(device) is not None
+        if self.device_type != "cuda":
+            return True
+        if self.toolchain == "hip":
+            return _rocm_arch(device) is not None
+        return _cuda_capability(device) is not None  # NVIDIA: cuda (non-Hopper: clear error)
 
 
 BACKENDS: tuple[Backend, ...] = (
     Backend("cpu", "cpu", "cpu", True, lambda d: "cpu", "host C++ (AMX / AVX-512 / AVX2 tiers)"),
     Backend("emu", "cpu", "emu", False, _emu_target, "the gfx12 kernels on the wave emulator"),
     Backend("gfx12", "cuda", "hip", True, _gfx12_target, "RDNA4 GPUs (gfx1201, gfx1200)"),
+    Backend("cuda", "cuda", "cuda", True, _cuda_target, "NVIDIA Hopper GPUs (sm_90, wgmma)"),
 )
 NAMES: tuple[str, ...] = tuple(b.name for b in BACKENDS)
 BY_NAME: dict[str, Backend] = {b.name: b for b in BACKENDS}
@@ -90,7 +115,7 @@ def select(device, backend: Optional[str] = None) -> Backend:
             return b
     raise ValueError(
         f"aiter_sage: no backend for {dev.type} tensors (supported: CPU tensors, "
-        f"and ROCm GPUs gfx1201/gfx1200)"
+        f"ROCm GPUs gfx1201/gfx1200, and NVIDIA Hopper sm_90)"
     )
 
 

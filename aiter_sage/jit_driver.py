@@ -258,6 +258,7 @@ _INSTALL_HINT = {
     "emu": "install clang (`apt-get install clang-19`) or set AITER_SAGE_EMU_CXX to a clang++",
     "cpu": "install a C++ compiler (`apt-get install g++`) or set CXX",
     "torch": "install a C++ compiler (`apt-get install g++`) or set CXX",
+    "cuda": "install the CUDA toolkit 12.3 or newer (nvcc) or set NVCC / CUDA_HOME",
 }
 
 
@@ -404,6 +405,45 @@ def _torch_toolchain() -> Toolchain:
     return Toolchain("torch", cxx, cflags, ldflags)
 
 
+def _spec_flags(spec, kind: str) -> tuple[str, ...]:
+    """A module's extra compile flags for one toolchain kind (ModuleSpec.flags_for)."""
+    per_kind = getattr(spec, "kind_flags", None) or {}
+    return tuple(spec.flags) + tuple(per_kind.get(kind, ()))
+
+
+def _nvcc() -> str | None:
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return _which(os.environ.get("NVCC", ""), os.path.join(cuda_home, "bin", "nvcc"), "nvcc")
+
+
+# nvcc -gencode per NVIDIA build target: wgmma and setmaxnreg need the arch-specific sm_90a
+# (the -arch=sm_90a shorthand also runs a plain sm_90 pass that rejects them).
+CUDA_GENCODE = {"sm_90": "-gencode=arch=compute_90a,code=sm_90a"}
+
+
+def _cuda_toolchain(arch: str) -> Toolchain:
+    """nvcc for the NVIDIA targets (CUDA 12.3+; the modules link the CUDA runtime statically).
+    No fast math anywhere: prepare's bit-exactness needs IEEE division and square root."""
+    if arch not in CUDA_GENCODE:
+        raise ValueError(
+            f"aiter_sage: the cuda backend targets {tuple(CUDA_GENCODE)} (Hopper), not {arch!r}"
+        )
+    nvcc = _nvcc()
+    if not nvcc:
+        raise _missing("cuda", arch)
+    host = os.environ.get("CXX")
+    ccbin = ("-ccbin", host) if host and _which(host) else ()
+    flags = (
+        "-std=c++17",
+        "-O3",
+        CUDA_GENCODE[arch],
+        "-Xcompiler",
+        "-fPIC,-fvisibility=hidden",
+        *ccbin,
+    ) + _include_flags()
+    return Toolchain("cuda", nvcc, flags, ("-shared", CUDA_GENCODE[arch], *ccbin))
+
+
 def toolchain_for(target: str) -> Toolchain:
     if target == "cpu":
         return _cpu_toolchain()
@@ -413,6 +453,8 @@ def toolchain_for(target: str) -> Toolchain:
         return _torch_toolchain()
     if target.startswith("gfx"):
         return _hip_toolchain(target)
+    if target.startswith("sm_"):
+        return _cuda_toolchain(target)
     raise ValueError(f"aiter_sage: unknown build target {target!r}")
 
 
@@ -446,7 +488,11 @@ def _source_files(spec, kind: str) -> list[Path]:
 
 
 def _kind_of(target: str) -> str:
-    return "hip" if target.startswith("gfx") else target.split("-")[0]
+    if target.startswith("gfx"):
+        return "hip"
+    if target.startswith("sm_"):
+        return "cuda"
+    return target.split("-")[0]
 
 
 def sources_digest(spec, kind: str) -> str:
@@ -461,7 +507,7 @@ def cache_key(spec, target: str, tc: Toolchain, digest: str) -> str:
     h = hashlib.sha256()
     h.update(f"{spec.name}\0{target}\0{abi_version()}\0".encode())
     h.update(digest.encode())
-    flags = tc.cflags + tuple(spec.flags) + tc.ldflags
+    flags = tc.cflags + _spec_flags(spec, tc.kind) + tc.ldflags
     h.update("\0".join(flags).replace(str(csrc_dir()), "<csrc>").encode())
     h.update(tc.identity.encode())
     return h.hexdigest()
@@ -651,7 +697,7 @@ def write_ninja(spec, tc: Toolchain, build_dir: Path, output: Path) -> Path:
     lines = [
         "ninja_required_version = 1.3",
         f"cxx = {ninja_command_words([tc.compiler])}",
-        f"cflags = {ninja_command_words(tc.cflags + tuple(spec.flags))}",
+        f"cflags = {ninja_command_words(tc.cflags + _spec_flags(spec, tc.kind))}",
         f"ldflags = {ninja_command_words(tc.ldflags)}",
         "rule cxx\n  command = $cxx $lang $cflags -c $in -o $out\n  description = CXX $in",
         "rule link\n  command = $cxx $in $ldflags -o $out\n  description = LINK $out",
@@ -839,7 +885,7 @@ class HiprtcToolchain(Toolchain):
         lines = [
             "ninja_required_version = 1.3",
             f"cxx = {ninja_command_words([self.compiler])}",
-            f"cflags = {ninja_command_words(self.cflags + tuple(spec.flags))}",
+            f"cflags = {ninja_command_words(self.cflags + _spec_flags(spec, self.kind))}",
             f"ldflags = {ninja_command_words(self.ldflags)}",
             f"hiprtc = {ninja_command_words(hiprtc_cmd)}",
             "rule hiprtc\n  command = $hiprtc $in -o $co --embed $out\n  description = HIPRTC $in",

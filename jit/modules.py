@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GFX12_ARCHS = ("gfx1201", "gfx1200")
+# NVIDIA targets (toolchain "cuda", nvcc): Hopper. The modules hold sm_90a code (wgmma).
+CUDA_ARCHS = ("sm_90",)
 
 # Sources of the gfx12 wave emulator runtime, linked into every "emu" build.
 EMU_RUNTIME = ("emu/runtime.cpp", "emu/fiber.cpp", "emu/models.cpp")
@@ -25,6 +27,10 @@ class ModuleSpec:
     entry: str = ""  # launch symbol of the C ABI (csrc/include/sage/module_abi.h)
     root: str = ""  # folder the sources are relative to; "" = the package's csrc/
     flags: tuple[str, ...] = ()  # extra compile flags of this module
+    kind_flags: dict[str, tuple[str, ...]] = None  # extra flags for one toolchain kind only
+
+    def flags_for(self, kind: str) -> tuple[str, ...]:
+        return tuple(self.flags) + tuple((self.kind_flags or {}).get(kind, ()))
 
 
 MODULES: dict[str, ModuleSpec] = {
@@ -32,9 +38,11 @@ MODULES: dict[str, ModuleSpec] = {
     for spec in (
         ModuleSpec(
             name="module_gfx1201_sage_prepare",
-            archs=GFX12_ARCHS,
+            archs=GFX12_ARCHS + CUDA_ARCHS,
             sources={
                 "hip": ("gfx12/prepare.hip",),
+                # The same SIMT source through the platform shim's CUDA branch.
+                "cuda": ("cuda/prepare.cu",),
                 "emu": ("gfx12/prepare.hip",) + EMU_RUNTIME,
                 "cpu": (
                     "cpu/prepare.cpp",
@@ -45,12 +53,15 @@ MODULES: dict[str, ModuleSpec] = {
                 ),
             },
             entry="sage_prepare_launch",
+            # Bit-exact prepare: no multiply-add contraction (IEEE div/sqrt are nvcc's default).
+            kind_flags={"cuda": ("--fmad=false",)},
         ),
         ModuleSpec(
             name="module_gfx1201_sage_attention",
-            archs=GFX12_ARCHS,
+            archs=GFX12_ARCHS + CUDA_ARCHS,
             sources={
                 "hip": ("gfx12/attention.hip",),
+                "cuda": ("cuda/attention.cu",),
                 "emu": ("gfx12/attention.hip",) + EMU_RUNTIME,
                 "cpu": (
                     "cpu/attention.cpp",
@@ -82,7 +93,8 @@ def parse_archs(text: str) -> list[str]:
     for line in text.splitlines():
         line = line.split("#", 1)[0]
         for tok in line.replace(";", " ").replace(",", " ").split():
-            names.append(tok.split(":", 1)[0])  # "gfx1201:xnack-" -> "gfx1201"
+            name = tok.split(":", 1)[0]  # "gfx1201:xnack-" -> "gfx1201"
+            names.append("sm_90" if name in ("sm_90a", "90", "9.0", "90a") else name)
     return names
 
 

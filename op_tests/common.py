@@ -36,8 +36,11 @@ def backend_params():
     return [pytest.param(b, id=b) for b in BACKENDS]
 
 
+GPU_BACKENDS = ("gfx12", "cuda")
+
+
 def device_for(backend: str) -> str:
-    return "cuda" if backend == "gfx12" else "cpu"
+    return "cuda" if backend in GPU_BACKENDS else "cpu"
 
 
 def skip_no_hardware(what: str) -> None:

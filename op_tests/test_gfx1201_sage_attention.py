@@ -123,6 +123,13 @@ def test_fwd_matches_the_model_at_the_kernel_tile(backend):
     )[:, :sq]
     fp8_model = ref.attention_from_prepared(prep, sq, skv)
     exact_p_model = ref.attention_from_prepared(prep, sq, skv, fp8_p=False)
+    if backend == "cuda":
+        # The Hopper kernel's KV tile is 128 keys: P is rounded to e4m3 against the running max
+        # of 128-key tiles, not of the model's 32-key tiles, which moves single P codes (rel L2
+        # 0.016 measured on an H200); it still tracks the e4m3-P model far closer than the band.
+        assert ref.accuracy(out, fp8_model)["rel_l2"] < 0.025
+        check_band(out, q, k, v)
+        return
     gpu_like = backend in ("emu", "gfx12")
     model, limit = (fp8_model, 2e-3) if gpu_like else (exact_p_model, 5e-3)
     assert ref.accuracy(out, model)["rel_l2"] < limit
@@ -146,12 +153,15 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq, backend=backend)[
         :, :sq
     ].cpu()
-    model = ref.attention_from_prepared(prep, sq, fp8_p=backend in ("emu", "gfx12"))
+    model = ref.attention_from_prepared(prep, sq, fp8_p=backend in ("emu", "gfx12", "cuda"))
     bad = ~torch.isfinite(out.float()).all(-1)  # [B, S, H]
     want = ~torch.isfinite(model.float()).all(-1)
     assert want[0, :, 1].all() and want[0, 32:64, 0].all() and want.sum() == sq + 32
     assert torch.equal(bad, want)
-    assert ref.accuracy(out[~want], model[~want])["rel_l2"] < 5e-3  # the other rows agree
+    # The other rows agree: with the model's 32-key tiles, except on cuda, whose 128-key tiles
+    # round P to e4m3 against another running max (see test_fwd_matches_the_model_at_the_kernel_tile).
+    limit = 0.025 if backend == "cuda" else 5e-3
+    assert ref.accuracy(out[~want], model[~want])["rel_l2"] < limit
 
 
 @pytest.mark.parametrize("backend", backend_params())

@@ -470,7 +470,11 @@ SAGE_PREPARE_KERNELS(PrepFp16D64, _d64_f16_)
 }  // namespace sage
 
 #if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
-SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=gfx12")
+// The backend this file is built for (csrc/cuda/prepare.cu builds it as CUDA).
+#ifndef SAGE_PREPARE_BACKEND
+#define SAGE_PREPARE_BACKEND "gfx12"
+#endif
+SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=" SAGE_PREPARE_BACKEND)
 
 namespace {
 int check_launch(int rc, const char* kernel) {
@@ -478,7 +482,8 @@ int check_launch(int rc, const char* kernel) {
   (void)kernel;
   return rc;  // the emulator already set a report summary
 #else
-  return rc ? sage::set_error("sage_prepare_launch: %s launch failed (hip error %d)", kernel, rc)
+  return rc ? sage::set_error("sage_prepare_launch: %s launch failed (%s error %d)", kernel,
+                              SAGE_PREPARE_BACKEND, rc)
             : 0;
 #endif
 }
@@ -505,7 +510,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   namespace g = sage::gfx12;
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
-  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, "gfx12")) return 1;
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, SAGE_PREPARE_BACKEND))
+    return 1;
   const SageParams& p = *params;
   // The one place where the head dim and the input dtype become template arguments.
   const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;

@@ -5,7 +5,11 @@ Providers
   sage       prepare + attention (what a model calls)
   sage_core  the attention kernel alone on prepared tensors
   sdpa_bf16  torch.nn.functional.scaled_dot_product_attention on [B, H, S, D] in the input
-             dtype (named sdpa_fp16 with --dtype fp16; same causal and GQA options)
+             dtype (named sdpa_fp16 with --dtype fp16; same causal and GQA options), torch's own
+             choice of SDPA backend
+  sdpa_cudnn, sdpa_flash, sdpa_efficient
+             the same, pinned to one torch SDPA backend (torch.nn.attention.sdpa_kernel;
+             CUDA GPUs). On NVIDIA: --providers sage sage_core sdpa_cudnn sdpa_flash
 
 Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head), each a
 CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
@@ -14,7 +18,10 @@ over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: th
 causal kernel does). With --compare_to_ref each provider's output is also scored against the
 FP32 reference: cosine, relative L2, and % of elements outside the band (atol 0.3, rtol 0.25).
 
-The backend is the best present (an RDNA4 GPU, else the CPU); --backend picks one.
+The backend is the best present (an RDNA4 or Hopper GPU, else the CPU); --backend picks one.
+On a GPU the FP32 reference of --compare_to_ref runs on the GPU (SDPA in float32 through the
+memory-efficient backend, TF32 off) so that long sequences stay cheap; on the CPU it is
+ref.attention_fp32. Timing is per call with the device synchronised around each round.
 """
 
 from __future__ import annotations
@@ -34,12 +41,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiter_sage  # noqa: E402
 from aiter_sage import ref  # noqa: E402
 
-PROVIDERS = ("sage", "sage_core", "sdpa")
+PROVIDERS = ("sage", "sage_core", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
+                 "sdpa_efficient": "EFFICIENT_ATTENTION"}
+GPU_BACKENDS = ("gfx12", "cuda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Default shapes per backend, sized so a run takes about a minute there.
 DEFAULT_SHAPES = {
     "gfx12": dict(batch=1, heads=24, seqs=[1024, 4096, 8192, 16384]),
+    "cuda": dict(batch=1, heads=24, seqs=[4096, 16384, 32768]),
     "cpu": dict(batch=1, heads=8, seqs=[1024, 2048, 4096]),
     "emu": dict(batch=1, heads=2, seqs=[256, 512]),
 }
@@ -61,7 +72,10 @@ def cpu_name() -> str:
 
 def best_backend() -> str:
     present = aiter_sage.available_backends()
-    return "gfx12" if "gfx12" in present else "cpu"
+    for b in GPU_BACKENDS:
+        if b in present:
+            return b
+    return "cpu"
 
 
 def synchronize(device: str) -> None:
@@ -89,7 +103,19 @@ def provider_calls(q, k, v, scale, backend, causal):
         )
         return out[:, :s, :, :d]
 
+    def pinned(which):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def call():
+            with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[which])):
+                return sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
+                    1, 2
+                )
+
+        return call
+
     return {
+        **{n: pinned(n) for n in SDPA_BACKENDS},
         "sage": lambda: aiter_sage.gfx1201_sage_attention(
             q, k, v, scale, is_causal=causal, backend=backend
         ),
@@ -117,9 +143,26 @@ def time_interleaved(calls, device, warmup, iters, rounds):
     return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
+def gpu_reference(q, k, v, scale, causal):
+    """FP32 attention on the GPU (memory-efficient SDPA in float32, no TF32), [B, S, H, D]."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        qf, kf, vf = (t.float().transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                qf, kf, vf, scale=scale, is_causal=causal, enable_gqa=q.shape[2] != k.shape[2]
+            )
+        return out.transpose(1, 2).contiguous()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
 def run(args):
     backend = args.backend or best_backend()
-    device = "cuda" if backend == "gfx12" else "cpu"
+    device = "cuda" if backend in GPU_BACKENDS else "cpu"
     defaults = DEFAULT_SHAPES[backend]
     batch = args.batch or defaults["batch"]
     heads = args.heads or defaults["heads"]
@@ -137,6 +180,8 @@ def run(args):
         f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}"
     )
     sdpa_name = f"sdpa_{args.dtype}"
+    if device != "cpu":
+        print(f"# gpu={torch.cuda.get_device_name()} cuda={torch.version.cuda}")
     rows = []
     for s in seqs:
         q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa)
@@ -148,11 +193,13 @@ def run(args):
         }
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
         flops = 4.0 * batch * heads * s * s * d * (0.5 if args.causal else 1.0)
-        reference = (
-            ref.attention_fp32(q, k, v, scale, is_causal=args.causal)
-            if args.compare_to_ref
-            else None
-        )
+        reference = None
+        if args.compare_to_ref:
+            reference = (
+                gpu_reference(q, k, v, scale, args.causal)
+                if device != "cpu"
+                else ref.attention_fp32(q, k, v, scale, is_causal=args.causal)
+            )
         for name in calls:
             row = dict(
                 backend=backend,
@@ -167,8 +214,9 @@ def run(args):
                 ms=times[name] * 1e3,
                 tflops=flops / times[name] / 1e12,
             )
-            if "sdpa" in times:
-                row["speedup_vs_sdpa"] = times["sdpa"] / times[name]
+            base = next((n for n in ("sdpa", "sdpa_cudnn") if n in times), None)
+            if base:
+                row[f"speedup_vs_{base}"] = times[base] / times[name]
             if reference is not None:
                 acc = ref.accuracy(calls[name](), reference)
                 row.update(

@@ -69,6 +69,83 @@
 #elif defined(SAGE_HIPRTC_HOST)
 #include "sage/hiprtc_host.h"  // the kernel API as host declarations + module-API launches
 
+#elif defined(__CUDACC__)
+// NVIDIA (nvcc): the SIMT part of the kernel API only (what csrc/gfx12/prepare.hip uses, and the
+// cuda attention kernel's host side). A gfx12 wave of 32 lanes is a CUDA warp; LDS is shared
+// memory. The gfx12 WMMA/fp8-convert builtins have no CUDA form here (the sm_90a attention uses
+// wgmma directly, csrc/cuda/attention.cu): they are deleted, so a kernel that needs them fails
+// to compile naming the wrapper.
+#include <cuda_runtime.h>
+
+struct v2i32 {
+  int x, y;
+};
+typedef uint4 u32x4;
+
+#define SAGE_DEVICE __device__ __forceinline__
+// (max_threads, 1): one resident block is enough, so ptxas may use the whole register file
+// (the 512-thread v_scale kernel otherwise spills at a 64-register cap).
+#define SAGE_KERNEL(name, max_threads) \
+  extern "C" __global__ void __launch_bounds__(max_threads, 1) name
+
+SAGE_DEVICE int sage_thread_id() { return int(threadIdx.x); }
+SAGE_DEVICE int sage_block_id_x() { return int(blockIdx.x); }
+SAGE_DEVICE int sage_block_id_y() { return int(blockIdx.y); }
+SAGE_DEVICE int sage_block_id_z() { return int(blockIdx.z); }
+SAGE_DEVICE int sage_lane_id() { return int(threadIdx.x) & 31; }
+SAGE_DEVICE int sage_wave_id() { return int(threadIdx.x) >> 5; }
+SAGE_DEVICE void sage_barrier() { __syncthreads(); }
+
+#define SAGE_LDS(type, name, count) __shared__ type name[count]
+template <class T, class L>
+SAGE_DEVICE T sage_lds_load(const L* lds, int byte_offset) {
+  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(lds) + byte_offset);
+}
+template <class T, class L>
+SAGE_DEVICE void sage_lds_store(L* lds, int byte_offset, T v) {
+  *reinterpret_cast<T*>(reinterpret_cast<char*>(lds) + byte_offset) = v;
+}
+template <class T>
+SAGE_DEVICE T sage_gload(const void* p, int64_t byte_offset) {
+  return *reinterpret_cast<const T*>(static_cast<const char*>(p) + byte_offset);
+}
+template <class T>
+SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
+  *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
+}
+
+// The gfx12 kernels call shuffles with every lane of the wave active (uniform control flow).
+SAGE_DEVICE int sage_shfl_xor(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+SAGE_DEVICE float sage_shfl_xor(float v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+SAGE_DEVICE int sage_swap_halves(int v) { return __shfl_xor_sync(0xffffffffu, v, 16); }
+SAGE_DEVICE float sage_swap_halves(float v) { return __shfl_xor_sync(0xffffffffu, v, 16); }
+SAGE_DEVICE int sage_readlane(int v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+SAGE_DEVICE float sage_readlane(float v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
+
+// Correctly rounded: the module is built without --use_fast_math (-prec-div/-prec-sqrt on) and
+// with --fmad=false, so prepare's arithmetic is quant.h's single IEEE operations.
+SAGE_DEVICE float sage_exp2f(float x) { return exp2f(x); }
+SAGE_DEVICE float sage_log2f(float x) { return log2f(x); }
+SAGE_DEVICE float sage_sqrtf(float x) { return __fsqrt_rn(x); }
+SAGE_DEVICE float sage_rintf(float x) { return rintf(x); }
+SAGE_DEVICE float sage_fmaxf(float a, float b) { return fmaxf(a, b); }
+SAGE_DEVICE float sage_fminf(float a, float b) { return fminf(a, b); }
+SAGE_DEVICE float sage_fabsf(float x) { return fabsf(x); }
+SAGE_DEVICE float sage_rcpf(float x) { return __frcp_rn(x); }
+
+struct sage_dim3 {
+  unsigned x, y, z;
+};
+template <class... KArgs, class... Args>
+inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads, void* stream,
+                       Args... args) {
+  kernel<<<dim3(grid.x, grid.y, grid.z), dim3(threads), 0, static_cast<cudaStream_t>(stream)>>>(
+      args...);
+  return static_cast<int>(cudaGetLastError());
+}
+
 #elif defined(__HIP__)
 #if !defined(SAGE_HIPRTC)
 #include <hip/hip_runtime.h>

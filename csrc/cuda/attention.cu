@@ -1,0 +1,658 @@
+// module_gfx1201_sage_attention for NVIDIA Hopper (sm_90a): the contract's quantized attention
+// with wgmma. S = Q8 . K8^T with s8 x s8 -> s32 wgmma (both operands from shared memory), online
+// softmax in the exp2 domain with the e4m3 scale folded into the exponent (ref.py EXP_OFFSET),
+// P rounded to e4m3 in registers, O += P8 . V8 with e4m3 x e4m3 -> f32 wgmma (P from registers,
+// V from shared memory), FP32 accumulation, O = acc / l * v_scale.
+//
+// One CTA = 128 query rows of one (batch, query head): three warpgroups.
+//   warpgroup 0      producer: cp.async copies of the Q tile and of each 128-key K/V tile into
+//                    a kStages-deep ring of shared-memory stages, completion signalled on
+//                    mbarriers (cp.async.mbarrier.arrive.noinc); it gives most of its registers
+//                    to the consumers (setmaxnreg).
+//   warpgroups 1, 2  consumers, 64 query rows each. Per KV tile j the QK wgmma of tile j is in
+//                    flight while the PV wgmma of tile j-1 runs, and the softmax of tile j
+//                    overlaps the PV of tile j-1 (two wgmma groups in flight); P is packed to
+//                    e4m3 only once that PV retired (no register of an in-flight wgmma is
+//                    written: ptxas would serialize the wgmmas, warning C7513).
+//
+// Layouts in shared memory (all K-major, the only major-ness wgmma takes for 8-bit operands):
+//   Q tile  [128 rows][Dp bytes], K tile [128 keys][Dp bytes], V tile [Dp channels][128 keys]
+//   (V arrives transposed from prepare: [B, Hkv, Dp, S_pad]). Rows of Dp = 128 bytes use the
+//   128-byte swizzle, rows of 64 bytes the 64-byte swizzle: 16-byte chunk c of row n is stored
+//   at chunk c ^ ((n * row_bytes / 128) % (row_bytes / 16)).
+//
+// P from registers without shuffles: the wgmma accumulator of S gives thread (g = lane / 4,
+// t = lane % 4) columns 8j + 2t + e of rows g, g + 8 of each 8-column chunk j, while the A
+// register fragment of a k32 step wants k positions 4t + i and 16 + 4t + i. A dot product does
+// not care about its order, so K rows are loaded permuted: shared K row 16G + 8j + 2t + e holds
+// key 16G + 4t + 2j + e. Then S column 16G + 8j + 2t + e scores exactly the key that P's k
+// position 16G + 4t + 2j + e meets in V (natural order), and four accumulator values of a row
+// pack straight into one A register.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "sage/check.h"
+#include "sage/layout.h"
+#include "sage/module_abi.h"
+#include "sage/params.h"
+#include "sage/platform.h"
+#include "cuda/sm90_wgmma.h"
+
+namespace sage {
+namespace sm90 {
+
+constexpr int kBlockM = 128;  // query rows per CTA
+constexpr int kBlockN = 128;  // keys per KV tile
+constexpr int kWgRows = 64;   // query rows per consumer warpgroup
+constexpr int kThreads = 384;
+constexpr int kConsumerWarps = 8;
+constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kDp, int kStages_, bool kPingPong_ = false>
+struct Traits {
+  static constexpr int kDim = kDp;
+  static constexpr int kStages = kStages_;
+  // The two consumer warpgroups take turns issuing their wgmmas (named barriers 1 and 2), so
+  // one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kQBytes = kBlockM * kDp;
+  static constexpr int kKBytes = kBlockN * kDp;
+  static constexpr int kVBytes = kDp * kBlockN;
+  static constexpr int kStageBytes = kKBytes + kVBytes;
+  // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
+  static constexpr int kBarOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 3 * kStages) + 1024;  // + alignment
+  static_assert(kDp == 64 || kDp == 128, "");
+};
+
+// ------------------------------------------------------------------ PTX helpers ------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// 16 bytes global -> shared; src_bytes 0 fills zeros (rows past the padded length).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+// The mbarrier gets one arrival once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async) and read next by wgmma (the async
+// proxy).
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Named barriers 1 + wg: "warpgroup wg may issue its wgmmas". 256 threads: the 128 of the
+// waiting warpgroup (bar.sync) and the 128 of the other one (bar.arrive).
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, 256;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accesses of a wgmma operand register across a fence.
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(int (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(uint64_t (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+l"(r[i])::"memory");
+}
+template <int M, int N>
+__device__ __forceinline__ void reg_fence(uint32_t (&r)[M][N]) {
+#pragma unroll
+  for (int i = 0; i < M; ++i)
+#pragma unroll
+    for (int j = 0; j < N; ++j) asm volatile("" : "+r"(r[i][j])::"memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void set_max_regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void set_max_regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// Two floats -> two e4m3 bytes (lo in the low byte), round to nearest even, saturating at 448.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// wgmma shared-memory descriptor of a K-major tile with `row_bytes` (64 or 128) swizzled rows.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, int row_bytes) {
+  const uint64_t swizzle = row_bytes == 128 ? 1 : 2;  // 128-byte / 64-byte swizzle
+  const uint64_t sbo = 8 * row_bytes;                 // 8-row core-matrix groups
+  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(1) << 16) | ((sbo >> 4) << 32) |
+         (swizzle << 62);
+}
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes` rows.
+__host__ __device__ constexpr int swz_offset(int row, int chunk, int row_bytes) {
+  return row * row_bytes + 16 * (chunk ^ ((row * row_bytes / 128) % (row_bytes / 16)));
+}
+// Key (within its 16) held by shared K row r (within its 16): see the file comment.
+__host__ __device__ constexpr int k_row_key(int r) {
+  return 4 * ((r >> 1) & 3) + 2 * (r >> 3) + (r & 1);
+}
+// Tile key of the S accumulator column of chunk c (0..15) and element e for thread t.
+__host__ __device__ constexpr int s_col_key(int c, int t, int e) {
+  return 16 * (c >> 1) + 4 * t + 2 * (c & 1) + e;
+}
+
+template <class T>
+struct Smem {
+  uint8_t* base;
+  __device__ uint8_t* q() const { return base; }
+  __device__ uint8_t* k(int s) const { return base + T::kQBytes + s * T::kStageBytes; }
+  __device__ uint8_t* v(int s) const { return k(s) + T::kKBytes; }
+  __device__ uint32_t bar(int i) const { return smem_u32(base + T::kBarOffset + 8 * i); }
+  __device__ uint32_t full_q() const { return bar(0); }
+  __device__ uint32_t full_k(int s) const { return bar(1 + s); }
+  __device__ uint32_t full_v(int s) const { return bar(1 + T::kStages + s); }
+  __device__ uint32_t empty(int s) const { return bar(1 + 2 * T::kStages + s); }
+};
+
+struct Work {
+  int b, hq, hkv, q0, n_tiles;
+};
+
+__device__ __forceinline__ Work work_of(const SageParams& p) {
+  Work w;
+  const int q_tiles = int(gridDim.x);
+  w.q0 = (q_tiles - 1 - int(blockIdx.x)) * kBlockM;  // longest causal rows first
+  w.hq = int(blockIdx.y);
+  w.b = int(blockIdx.z);
+  w.hkv = kv_head_of(p, w.hq);
+  const int64_t keys = keys_for_rows(p, w.q0, kBlockM);
+  w.n_tiles = int((keys + kBlockN - 1) / kBlockN);
+  return w;
+}
+
+// ------------------------------------------------------------------ producer -------
+template <class T>
+__device__ void produce(const SageParams& p, const Work& w, const Smem<T>& sm, int tid) {
+  constexpr int kChunks = T::kDim / 16;  // 16-byte chunks per Q/K row
+  // Q tile: 128 rows x kChunks chunks.
+  {
+    const int8_t* q = p.q8;
+#pragma unroll
+    for (int i = tid; i < kBlockM * kChunks; i += 128) {
+      const int r = i / kChunks, c = i % kChunks, row = w.q0 + r;
+      const bool in = row < p.q_len_pad;
+      const int8_t* src =
+          q + qk8_offset(p.heads_q, T::kDim, p.q_len_pad, w.b, in ? row : 0, w.hq, 16 * c);
+      cp_async16(smem_u32(sm.q() + swz_offset(r, c, T::kDim)), src, in ? 16 : 0);
+    }
+    cp_async_arrive(sm.full_q());
+  }
+  const int64_t v_head = head_index(p.heads_kv, w.b, w.hkv);
+  for (int j = 0; j < w.n_tiles; ++j) {
+    const int s = j % T::kStages;
+    if (j >= T::kStages) mbar_wait(sm.empty(s), ((j / T::kStages) - 1) & 1);
+    const int key0 = j * kBlockN;
+#pragma unroll
+    for (int i = tid; i < kBlockN * kChunks; i += 128) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int key = key0 + (r & ~15) + k_row_key(r & 15);
+      const bool in = key < p.kv_len_pad;
+      const int8_t* src =
+          p.k8 + qk8_offset(p.heads_kv, T::kDim, p.kv_len_pad, w.b, in ? key : 0, w.hkv, 16 * c);
+      cp_async16(smem_u32(sm.k(s) + swz_offset(r, c, T::kDim)), src, in ? 16 : 0);
+    }
+    cp_async_arrive(sm.full_k(s));
+#pragma unroll
+    for (int i = tid; i < T::kDim * (kBlockN / 16); i += 128) {
+      const int ch = i / (kBlockN / 16), c = i % (kBlockN / 16);
+      const int key = key0 + 16 * c;
+      // Keys >= kv_len: padded keys get P = 0, but their V codes may be anything (NaN codes
+      // included), and 0 * NaN is NaN in the MMA. cp.async fills the bytes past src_bytes with
+      // zeros, so each thread zeroes exactly the bytes it copies (no cross-thread hand-off).
+      const int bytes = min(16, max(0, p.kv_len - key));
+      const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
+      cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, bytes);
+    }
+    cp_async_arrive(sm.full_v(s));
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// ------------------------------------------------------------------ consumers ------
+template <class T>
+struct Consumer {
+  static constexpr int kDim = T::kDim;
+  static constexpr int kOAcc = kDim / 2;  // f32 accumulators of O per thread
+  int g, t, warp;                         // lane / 4, lane % 4, warp within the warpgroup
+  int row0;                               // query row of this thread's first row (g)
+  float qs;                               // Q scale of the thread's rows (one 32-row block)
+  float m[2], l[2];                       // running max (log2 units), partial row sums
+  float o[kOAcc];
+  uint32_t pa[kBlockN / 32][4];  // P (e4m3) as A fragments, one per k32 step
+};
+
+// Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
+// key/causal masks (only tiles that reach past kv_len or the diagonal need it).
+template <class T, bool kMasked>
+__device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
+                                             int key0, float (&alpha)[2], float (&f)[64]) {
+  float sc[4];
+#pragma unroll
+  for (int blk = 0; blk < 4; ++blk) {
+    const int kb = key0 / SAGE_SCALE_BLOCK + blk;
+    sc[blk] = c.qs * (kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f);
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int ch = 0; ch < 16; ++ch) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 4 * ch + 2 * h + e;
+        float v = float(s[i]) * sc[ch >> 2];
+        if (kMasked) {
+          const int key = key0 + s_col_key(ch, c.t, e);
+          const int row = c.row0 + 8 * h;
+          if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
+        }
+        f[i] = v;
+        mx[h] = fmaxf(mx[h], v);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+  }
+  float neg[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float mn = fmaxf(c.m[h], mx[h]);
+    const float safe = mn == -INFINITY ? 0.0f : mn;
+    alpha[h] = ex2(c.m[h] - safe);  // exp2(-inf) = 0 on the first tile
+    c.m[h] = mn;
+    neg[h] = kExpOffset - safe;
+  }
+  float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    const int h = (i >> 1) & 1;
+    f[i] = ex2(f[i] + neg[h]);
+    sum[h] += f[i];
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) c.l[h] = c.l[h] * alpha[h] + sum[h];
+}
+
+// P (f32, the softmax numerators) -> e4m3 A fragments of the PV wgmma. Runs only once no PV
+// wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
+// extend their live range to the wait, so a write there would serialize the wgmmas, C7513).
+__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[kBlockN / 32][4]) {
+  // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
+  // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
+#pragma unroll
+  for (int kb = 0; kb < kBlockN / 32; ++kb) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h = r & 1, ch = 4 * kb + 2 * (r >> 1);
+      const uint32_t lo = e4m3x2(f[4 * ch + 2 * h], f[4 * ch + 2 * h + 1]);
+      const uint32_t hi = e4m3x2(f[4 * (ch + 1) + 2 * h], f[4 * (ch + 1) + 2 * h + 1]);
+      pa[kb][r] = lo | (hi << 16);
+    }
+  }
+}
+
+// Descriptors of one tile's wgmmas, computed before the wgmma fence (ptxas serializes wgmmas
+// whose inputs are defined inside the pipeline stage).
+template <class T>
+struct QkDesc {
+  uint64_t a[T::kDim / 32], b[T::kDim / 32];
+};
+template <class T>
+__device__ __forceinline__ QkDesc<T> qk_desc(const Smem<T>& sm, int wg, int stage) {
+  QkDesc<T> d;
+  const uint32_t qa = smem_u32(sm.q() + wg * kWgRows * T::kDim);
+  const uint32_t ka = smem_u32(sm.k(stage));
+#pragma unroll
+  for (int kb = 0; kb < T::kDim / 32; ++kb) {
+    d.a[kb] = make_desc(qa + 32 * kb, T::kDim);
+    d.b[kb] = make_desc(ka + 32 * kb, T::kDim);
+  }
+  return d;
+}
+template <class T>
+__device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[64]) {
+#pragma unroll
+  for (int kb = 0; kb < T::kDim / 32; ++kb) {
+    if (kb == 0)
+      wgmma_m64n128k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
+    else
+      wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
+  }
+}
+struct PvDesc {
+  uint64_t b[kBlockN / 32];
+};
+template <class T>
+__device__ __forceinline__ PvDesc pv_desc(const Smem<T>& sm, int stage) {
+  PvDesc d;
+  const uint32_t va = smem_u32(sm.v(stage));
+#pragma unroll
+  for (int kb = 0; kb < kBlockN / 32; ++kb) d.b[kb] = make_desc(va + 32 * kb, 128);
+  return d;
+}
+template <class T>
+__device__ __forceinline__ void issue_pv(const PvDesc& d, float (&o)[T::kDim / 2],
+                                         const uint32_t (&pa)[kBlockN / 32][4]) {
+#pragma unroll
+  for (int kb = 0; kb < kBlockN / 32; ++kb) {
+    if constexpr (T::kDim == 128)
+      wgmma_m64n128k32_f32_e4m3(o, pa[kb], d.b[kb]);
+    else
+      wgmma_m64n64k32_f32_e4m3(o, pa[kb], d.b[kb]);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, int wg_row0) {
+  return key0 + kBlockN > p.kv_len ||
+         (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
+}
+
+template <class T>
+__device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, int wg, int tid) {
+  Consumer<T> c;
+  const int lane = tid & 31;
+  c.warp = (tid >> 5) & 3;
+  c.g = lane >> 2;
+  c.t = lane & 3;
+  const int wg_row0 = w.q0 + wg * kWgRows;
+  c.row0 = wg_row0 + 16 * c.warp + c.g;
+  const int64_t hq_lin = head_index(p.heads_q, w.b, w.hq);
+  const int64_t hkv_lin = head_index(p.heads_kv, w.b, w.hkv);
+  c.qs = c.row0 < p.q_len_pad ? p.q_scale[qk_scale_offset(hq_lin, p.q_len_pad, c.row0)] : 0.0f;
+  SageParams pk = p;  // k_scale of this kv head
+  pk.k_scale = p.k_scale + hkv_lin * scale_blocks(p.kv_len_pad);
+  c.m[0] = c.m[1] = -INFINITY;
+  c.l[0] = c.l[1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] = 0.0f;
+
+  int s[64];
+  float alpha[2];
+  // Turns (T::kPingPong): each warpgroup issues n_tiles + 1 wgmma blocks (QK of tile 0, one
+  // QK + PV per loop step, the last PV), each between my_turn() and pass(). Warpgroup 0 goes
+  // first: warpgroup 1 hands it the first turn, and skips its own last hand-over, so every
+  // barrier gets exactly as many arrivals as syncs.
+  const auto my_turn = [&] {
+    if constexpr (T::kPingPong) named_sync(1 + wg);
+  };
+  const auto pass = [&] {
+    if constexpr (T::kPingPong) named_arrive(1 + (wg ^ 1));
+  };
+  if (T::kPingPong && wg == 1) named_arrive(1);
+  mbar_wait(sm.full_q(), 0);
+  // Tile 0.
+  mbar_wait(sm.full_k(0), 0);
+  fence_proxy_async();
+  {
+    QkDesc<T> qd = qk_desc(sm, wg, 0);
+    reg_fence(qd.a);
+    reg_fence(qd.b);
+    my_turn();
+    wgmma_fence();
+    issue_qk<T>(qd, s);
+  }
+  wgmma_commit();
+  pass();
+  wgmma_wait<0>();
+  reg_fence(s);
+  float f[64];
+  if (tile_needs_mask<T>(p, 0, wg_row0))
+    softmax_tile<T, true>(pk, c, s, 0, alpha, f);
+  else
+    softmax_tile<T, false>(pk, c, s, 0, alpha, f);
+  pack_p(f, c.pa);
+
+  for (int j = 1; j < w.n_tiles; ++j) {
+    const int st = j % T::kStages, prev = (j - 1) % T::kStages;
+    mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
+    mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
+    fence_proxy_async();
+    QkDesc<T> qd = qk_desc(sm, wg, st);
+    PvDesc vd = pv_desc(sm, prev);
+    reg_fence(qd.a);
+    reg_fence(qd.b);
+    reg_fence(vd.b);
+    reg_fence(c.pa);
+    reg_fence(c.o);
+    my_turn();
+    wgmma_fence();
+    issue_qk<T>(qd, s);
+    wgmma_commit();
+    issue_pv<T>(vd, c.o, c.pa);
+    wgmma_commit();
+    pass();
+    wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
+    reg_fence(s);
+    const int key0 = j * kBlockN;
+    if (tile_needs_mask<T>(p, key0, wg_row0))
+      softmax_tile<T, true>(pk, c, s, key0, alpha, f);
+    else
+      softmax_tile<T, false>(pk, c, s, key0, alpha, f);
+    wgmma_wait<0>();
+    reg_fence(c.o);
+    reg_fence(c.pa);
+    reg_fence(f);
+    if (lane == 0) mbar_arrive(sm.empty(prev));
+#pragma unroll
+    for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
+    pack_p(f, c.pa);
+  }
+  {
+    const int last = (w.n_tiles - 1) % T::kStages;
+    mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
+    fence_proxy_async();
+    PvDesc vd = pv_desc(sm, last);
+    reg_fence(vd.b);
+    reg_fence(c.pa);
+    reg_fence(c.o);
+    my_turn();
+    wgmma_fence();
+    issue_pv<T>(vd, c.o, c.pa);
+    wgmma_commit();
+    if (wg == 0) pass();
+    wgmma_wait<0>();
+    reg_fence(c.o);
+    if (lane == 0) mbar_arrive(sm.empty(last));
+  }
+
+  // Epilogue: full row sums over the quad, O = acc / l * v_scale, LSE.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = c.l[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    c.l[h] = l;
+    inv[h] = 1.0f / l;
+  }
+  const float* vs = p.v_scale + hkv_lin * T::kDim;
+  uint16_t* out = halves(p.out);
+  const bool fp16 = p.out_dtype == SAGE_DTYPE_FP16;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = c.row0 + 8 * h;
+    if (row >= p.out_rows) continue;
+    const bool real = row < p.q_len;
+    uint16_t* orow = out + bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, w.b, row, w.hq);
+#pragma unroll
+    for (int ch = 0; ch < T::kDim / 8; ++ch) {
+      const int d = 8 * ch + 2 * c.t;
+      if (d >= p.head_dim) continue;
+      float x0 = 0.0f, x1 = 0.0f;
+      if (real) {
+        x0 = c.o[4 * ch + 2 * h] * inv[h] * vs[d];
+        x1 = c.o[4 * ch + 2 * h + 1] * inv[h] * vs[d + 1];
+      }
+      uint32_t bits;
+      if (fp16) {
+        const __half2 v = __floats2half2_rn(x0, x1);
+        bits = *reinterpret_cast<const uint32_t*>(&v);
+      } else {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+        bits = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      *reinterpret_cast<uint32_t*>(orow + d) = bits;
+    }
+    if (p.lse && c.t == 0) {
+      float lse = -INFINITY;
+      if (real) {
+        float l2 = c.m[h] + log2f(c.l[h]) - kExpOffset;
+        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_lin, p.q_len_pad, row)];
+        lse = l2 * kLn2;
+      }
+      p.lse[lse_offset(p, w.b, w.hq, row)] = lse;
+    }
+  }
+}
+
+template <class T>
+__global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_constant__ SageParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  Smem<T> sm;
+  sm.base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  const Work w = work_of(p);
+  const int tid = int(threadIdx.x);
+  const int wg = tid / 128;
+  if (tid == 0) {
+    mbar_init(sm.full_q(), 128);
+    for (int s = 0; s < T::kStages; ++s) {
+      mbar_init(sm.full_k(s), 128);
+      mbar_init(sm.full_v(s), 128);
+      mbar_init(sm.empty(s), kConsumerWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (wg == 0) {
+    set_max_regs_dec<72>();
+    produce<T>(p, w, sm, tid);
+  } else {
+    set_max_regs_inc<216>();
+    consume<T>(p, w, sm, wg - 1, tid - 128);
+  }
+}
+
+}  // namespace sm90
+}  // namespace sage
+
+SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
+
+namespace {
+constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
+
+template <class T>
+int launch(const SageParams& p, cudaStream_t stream) {
+  auto kernel = sage::sm90::attention_kernel<T>;
+  static bool configured = false;  // per instantiation; benign race (idempotent)
+  if (!configured) {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    if (e != cudaSuccess)
+      return sage::set_error("sage_attention_launch: cannot reserve %d bytes of shared memory: %s",
+                             T::kSmemBytes, cudaGetErrorString(e));
+    configured = true;
+  }
+  const unsigned q_tiles = unsigned((p.out_rows + sage::sm90::kBlockM - 1) / sage::sm90::kBlockM);
+  kernel<<<dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch)), sage::sm90::kThreads,
+           T::kSmemBytes, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return sage::set_error("sage_attention_launch: launch failed: %s", cudaGetErrorString(e));
+  return 0;
+}
+
+// The device of the current context must be a Hopper GPU (sm_90): the module holds sm_90a code
+// only, so any other arch gets this message instead of "no kernel image".
+bool check_arch() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return !sage::set_error("sage_attention_launch: no CUDA device");
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+  if (major != 9 || minor != 0)
+    return !sage::set_error(
+        "sage_attention_launch: the cuda backend is built for Hopper (sm_90a); this GPU is "
+        "sm_%d%d",
+        major, minor);
+  return true;
+}
+}  // namespace
+
+SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
+  namespace s9 = sage::sm90;
+  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
+  if (!sage::check_features(params, sage::Launch::kAttention, kCudaFeatures, "cuda")) return 1;
+  const SageParams& p = *params;
+  if ((p.out_stride_s | p.out_stride_h | p.out_stride_b) & 1 ||
+      (reinterpret_cast<uintptr_t>(p.out) & 3))
+    return sage::set_error("sage_attention_launch: the cuda backend needs an output with even "
+                           "strides and a 4-byte aligned base");
+  if (!check_arch()) return 1;
+  auto st = static_cast<cudaStream_t>(stream);
+  // AITER_SAGE_CUDA_PINGPONG=1 (measurements only): the consumer warpgroups take turns issuing
+  // their wgmmas. Off by default: on an H200 it measured 5.76 vs 5.78 ms at S = 16k, D = 128
+  // (no gain) and 5.03 vs 4.82 ms at D = 64 (a loss).
+  static const bool pingpong = [] {
+    const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
+    return e && e[0] == '1';
+  }();
+  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL)
+    return pingpong ? launch<s9::Traits<64, 4, true>>(p, st) : launch<s9::Traits<64, 4>>(p, st);
+  return pingpong ? launch<s9::Traits<128, 4, true>>(p, st) : launch<s9::Traits<128, 4>>(p, st);
+}

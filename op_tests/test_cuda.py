@@ -1,0 +1,214 @@
+"""The cuda (NVIDIA Hopper, sm_90) backend.
+
+Without a GPU (CI): both cuda modules compile with nvcc for sm_90a through the JIT's own
+toolchain flags; the attention kernel's PTX issues wgmma (s8 x s8 and e4m3 x e4m3) and ptxas
+reports no local-memory spills; prepare is built without multiply-add contraction.
+On an sm_90 GPU: graph capture and replay, a non-default stream, torch.compile and opcheck, and
+compute-sanitizer memcheck/racecheck on a small shape. (The op tests of
+test_gfx1201_sage_prepare.py, test_gfx1201_sage_attention.py and test_contract_v2.py run on the
+cuda backend too: it is one of the present backends there.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from common import REPO, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
+from aiter_sage import jit_driver, ref
+
+import aiter_sage
+
+
+def _nvcc_or_fail() -> str:
+    nvcc = jit_driver._nvcc()
+    if not nvcc:
+        pytest.fail("nvcc (CUDA 12.3+) is needed to compile the cuda sources; set NVCC/CUDA_HOME")
+    return nvcc
+
+
+def _compile(module: str, extra: tuple[str, ...], tmp_path) -> str:
+    """nvcc with the JIT's flags for `module` plus `extra`; returns stdout + stderr."""
+    spec = jit_driver.module_table().MODULES[module]
+    tc = jit_driver.toolchain_for("sm_90")
+    src = jit_driver.csrc_dir() / spec.sources["cuda"][0]
+    cmd = [tc.compiler, *tc.cflags, *jit_driver._spec_flags(spec, "cuda"), *extra, str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def attention_build(tmp_path_factory):
+    _nvcc_or_fail()
+    tmp = tmp_path_factory.mktemp("cuda_attention")
+    log = _compile("module_gfx1201_sage_attention", ("-cubin", "--resource-usage", "-o", "a.cubin"), tmp)
+    _compile("module_gfx1201_sage_attention", ("-ptx", "-o", "a.ptx"), tmp)
+    return log, (tmp / "a.ptx").read_text()
+
+
+def test_attention_ptx_uses_wgmma(attention_build):
+    _, ptx = attention_build
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.s32\.s8\.s8", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)
+    assert "cp.async.mbarrier.arrive.noinc" in ptx and "setmaxnreg" in ptx
+
+
+def test_attention_has_no_spills(attention_build):
+    log, _ = attention_build
+    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(frames) >= 2, log  # the Dp = 64 and Dp = 128 kernels (each ring depth)
+    assert all(f == ("0", "0", "0") for f in frames), log
+
+
+def test_attention_wgmmas_are_not_serialized(attention_build):
+    """ptxas C7513: a non-wgmma instruction defining an input register of an in-flight wgmma
+    makes ptxas wait for every wgmma right after its issue, losing the overlap of Q.K^T(j) and
+    the softmax with P.V(j-1) (sage_core at S = 16k, D = 128 on an H200: 394 TFLOPS serialized,
+    557-572 without)."""
+    log, _ = attention_build
+    assert "C7513" not in log, log
+
+
+def test_prepare_compiles_without_contraction(tmp_path):
+    _nvcc_or_fail()
+    spec = jit_driver.module_table().MODULES["module_gfx1201_sage_prepare"]
+    assert "--fmad=false" in jit_driver._spec_flags(spec, "cuda")
+    log = _compile("module_gfx1201_sage_prepare", ("-ptx", "-o", "p.ptx"), tmp_path)
+    ptx = (tmp_path / "p.ptx").read_text()
+    assert "fma.rn.f32" not in ptx, log
+    for name in ("sage_prepare_v_scale_kernel", "sage_prepare_qk_d64_f16_kernel"):
+        assert f".entry {name}" in ptx
+
+
+def test_gpu_archs_parse_sm90():
+    mods = jit_driver.module_table()
+    assert mods.parse_archs("sm_90; gfx1201") == ["sm_90", "gfx1201"]
+    assert mods.parse_archs("sm_90a") == ["sm_90"]
+    pairs = mods.modules_for_archs(["sm_90"])
+    assert pairs == [("module_gfx1201_sage_prepare", "sm_90"), ("module_gfx1201_sage_attention", "sm_90")]
+    assert jit_driver.toolchain_for("sm_90").kind == "cuda"
+    with pytest.raises(ValueError, match="Hopper"):
+        jit_driver.toolchain_for("sm_80")
+
+
+# ------------------------------------------------------------------ on an H100 / H200 ------
+def _need_sm90():
+    if not (torch.cuda.is_available() and torch.version.cuda and not torch.version.hip):
+        skip_no_hardware("no NVIDIA GPU")
+    if torch.cuda.get_device_capability() != (9, 0):
+        skip_no_hardware("no sm_90 (Hopper) GPU")
+
+
+def _inputs(b=1, s=333, h=3, d=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, s, h, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+
+
+def test_cuda_is_the_automatic_backend():
+    _need_sm90()
+    assert "cuda" in aiter_sage.available_backends()
+    q, k, v = _inputs()
+    out = aiter_sage.gfx1201_sage_attention(q, k, v)  # no backend named
+    torch.testing.assert_close(out, aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda"),
+                               rtol=0, atol=0)
+
+
+def test_non_default_stream():
+    _need_sm90()
+    q, k, v = _inputs(seed=1)
+    want = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_cuda_graph_capture_and_replay():
+    _need_sm90()
+    q, k, v = _inputs(seed=2)
+    static = [t.clone() for t in (q, k, v)]
+    fn = lambda: aiter_sage.gfx1201_sage_attention(*static, backend="cuda", return_lse=True)  # noqa
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (module load) outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = fn()
+    for seed in (3, 4):
+        fresh = _inputs(seed=seed)
+        for dst, src in zip(static, fresh):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        want, want_lse = aiter_sage.gfx1201_sage_attention(*fresh, backend="cuda", return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        acc = ref.accuracy(out, ref.attention_fp32(*fresh))
+        assert ref.in_band(acc), acc
+
+
+def test_torch_compile_and_opcheck():
+    _need_sm90()
+    q, k, v = _inputs(seed=5, s=200)
+    f = torch.compile(lambda a, b, c: aiter_sage.gfx1201_sage_attention(a, b, c, backend="cuda"),
+                      fullgraph=True)
+    assert torch.equal(f(q, k, v), aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda"))
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v),
+                          {"backend": "cuda"})
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v),
+                          {"backend": "cuda"})
+
+
+SANITIZED = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {repo!r})
+    import aiter_sage
+    g = torch.Generator().manual_seed(0)
+    for d, causal in ((128, False), (64, True)):
+        q, k, v = (torch.randn(1, 200, 2, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+        out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal,
+                                                smooth_k=True, return_lse=True)
+    torch.cuda.synchronize()
+    print("sanitized run done")
+    """
+)
+
+
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+def test_compute_sanitizer(tool, tmp_path):
+    _need_sm90()
+    sanitizer = shutil.which("compute-sanitizer") or (
+        "/usr/local/cuda/bin/compute-sanitizer"
+        if os.path.exists("/usr/local/cuda/bin/compute-sanitizer")
+        else None
+    )
+    if not sanitizer:
+        skip_no_hardware("no compute-sanitizer on this GPU machine")
+    # Build the modules first (outside the sanitizer).
+    aiter_sage.gfx1201_sage_attention(*_inputs(s=64), backend="cuda")
+    script = tmp_path / "s.py"
+    script.write_text(SANITIZED.format(repo=str(REPO)))
+    cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script)]
+    if tool == "racecheck":
+        cmd[3:3] = ["--racecheck-report", "all"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=os.environ.copy())
+    text = proc.stdout + proc.stderr
+    if os.environ.get("SAGE_SANITIZER_LOG_DIR"):  # the whole report, for a device run's $OUT
+        with open(os.path.join(os.environ["SAGE_SANITIZER_LOG_DIR"], f"{tool}.log"), "w") as f:
+            f.write(text)
+    assert proc.returncode == 0 and "sanitized run done" in text, text[-4000:]
+    assert "ERROR SUMMARY: 0 errors" in text or "RACECHECK SUMMARY: 0 hazards" in text, text[-4000:]
