@@ -505,7 +505,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   namespace g = sage::gfx12;
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
-  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, "gfx12")) return 1;
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kGfx12Features, "gfx12"))
+    return 1;
   const SageParams& p = *params;
   // The one place where the head dim and the input dtype become template arguments.
   const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
