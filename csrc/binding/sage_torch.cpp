@@ -462,8 +462,8 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor k8 = at::empty({B, p.kv_len_pad, Hkv, Dp}, i8);
   at::Tensor k_scale = at::empty({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
   const bool pv_fp16 = p.pv_dtype == SAGE_PV_FP16;
-  at::Tensor v8 = at::empty({B, Hkv, Dp, p.kv_len_pad},
-                            q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
+  at::Tensor v8 =
+      at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
   at::Tensor v_scale = at::empty({B, Hkv, Dp}, f32);
   at::Tensor k_mean, lse_corr;
   if (smooth_k) {
