@@ -40,7 +40,10 @@ _PARAM_FIELDS = [
     ("rope_sin", ctypes.c_void_p),
     ("rope_dim", ctypes.c_int32),
     ("rope_stride_s", ctypes.c_int64),
-    *[(n, ctypes.c_void_p) for n in "q8 q_scale k8 k_scale v8 v16 v_scale k_mean lse_corr out".split()],
+    *[
+        (n, ctypes.c_void_p)
+        for n in "q8 q_scale k8 k_scale v8 v16 v_scale k_mean lse_corr out".split()
+    ],
     ("out_rows", ctypes.c_int32),
     ("out_stride_b", ctypes.c_int64),
     ("out_stride_s", ctypes.c_int64),
