@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import math
 import os
+import warnings
 from typing import Optional
 
 import torch
@@ -146,7 +148,7 @@ def _head_dim_pad(d):
     return ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
 
 
-def _prepare_shapes(query, key, value):
+def _prepare_shapes(query, key, value, pv_dtype="fp8"):
     """Shapes and dtypes of prepare's outputs (symbolic in S)."""
     b, sq, hq, d = query.shape
     hkv = key.shape[2]
@@ -157,7 +159,7 @@ def _prepare_shapes(query, key, value):
         ((b, hq, sq_pad // ref.SCALE_BLOCK), torch.float32),
         ((b, skv_pad, hkv, dp), torch.int8),
         ((b, hkv, skv_pad // ref.SCALE_BLOCK), torch.float32),
-        ((b, hkv, dp, skv_pad), torch.uint8),
+        ((b, hkv, dp, skv_pad), torch.float16 if pv_dtype == "fp16" else torch.uint8),
         ((b, hkv, dp), torch.float32),
     )
 
@@ -169,9 +171,11 @@ def _fake_prepare(binding, a):
         *map(_concrete, (a["query_weight"], a["key_weight"], a["cosine"], a["sine"])),
         a["eps"],
         a["smooth_k"],
+        a["pv_dtype"],
     )
     new = a["query"].new_empty
-    return tuple(new(shape, dtype=dt) for shape, dt in _prepare_shapes(a["query"], a["key"], None))
+    shapes = _prepare_shapes(a["query"], a["key"], None, a["pv_dtype"])
+    return tuple(new(shape, dtype=dt) for shape, dt in shapes)
 
 
 def _fake_fwd(binding, a, lse: bool):
@@ -196,6 +200,7 @@ def _fake_attention(binding, a, lse: bool):
         a["eps"],
         a["is_causal"],
         a["smooth_k"],
+        a["pv_dtype"],
     )
     out = q.new_empty(q.shape)
     if not lse:
@@ -271,6 +276,66 @@ def _register_autograd() -> None:
 # ----------------------------------------------------------------------------------------------
 _TENSOR_INPUTS = ("query", "key", "value", "query_weight", "key_weight", "cosine", "sine")
 
+# ----------------------------------------------------------------------------------------------
+# Debug check (AITER_SAGE_CHECK=1): the Python functions look at what they return and warn,
+# naming (batch, head, row), about output rows that are not finite and LSE values out of range.
+# Off by default (it reads the whole output back).
+# ----------------------------------------------------------------------------------------------
+ENV_CHECK = "AITER_SAGE_CHECK"
+CHECK_MAX_NAMED = 8  # rows named per warning
+
+
+class SageCheckWarning(RuntimeWarning):
+    """AITER_SAGE_CHECK=1 found a non-finite output row or an out-of-range LSE."""
+
+
+def check_enabled() -> bool:
+    return os.environ.get(ENV_CHECK, "") not in ("", "0")
+
+
+def _name_rows(mask, what: str, op: str) -> None:
+    """mask: bool [B, H, S]; warns naming its first rows."""
+    idx = mask.nonzero()
+    if idx.numel() == 0:
+        return
+    named = ", ".join(f"({b}, {h}, {s})" for b, h, s in idx[:CHECK_MAX_NAMED].tolist())
+    more = f" and {idx.shape[0] - CHECK_MAX_NAMED} more" if idx.shape[0] > CHECK_MAX_NAMED else ""
+    warnings.warn(
+        f"aiter_sage: {op}: {idx.shape[0]} (batch, head, row) {what}: {named}{more}",
+        SageCheckWarning,
+        stacklevel=4,
+    )
+
+
+def check_output(
+    out, lse=None, *, rows=None, lse_bound=None, op: str = "gfx1201_sage_attention"
+) -> dict:
+    """The AITER_SAGE_CHECK rules on an output ``[B, S, H, D]`` (rows >= ``rows`` ignored) and
+    an optional LSE ``[B, H, S]``: rows whose output is not finite, and LSE values that are not
+    finite or exceed ``lse_bound`` in magnitude (a bound on |score| + ln(kv_len), see
+    :func:`lse_bound`). Warns (:class:`SageCheckWarning`) and returns the masks ``[B, H, S]``."""
+    rows = out.shape[1] if rows is None else rows
+    bad_out = ~torch.isfinite(out[:, :rows]).all(-1).transpose(1, 2).cpu()
+    _name_rows(bad_out, "rows with a non-finite output", op)
+    found = {"output": bad_out}
+    if lse is not None:
+        lv = lse[..., :rows].float().cpu()
+        bad_lse = ~torch.isfinite(lv)
+        if lse_bound is not None:
+            bad_lse |= lv.abs() > lse_bound
+        _name_rows(bad_lse, "rows with an LSE out of range", op)
+        found["lse"] = bad_lse
+    return found
+
+
+def lse_bound(query, key, softmax_scale, kv_len: int) -> float:
+    """An upper bound on |LSE| of any row: softmax_scale * max|q| * max|k| (Cauchy-Schwarz on
+    the row norms) + ln(kv_len), with 1% and 1.0 of slack for the quantization."""
+    scale = query.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    qn = query.float().norm(dim=-1).nan_to_num(posinf=math.inf).max().item()
+    kn = key.float().norm(dim=-1).nan_to_num(posinf=math.inf).max().item()
+    return abs(scale) * qn * kn * 1.01 + math.log(max(kv_len, 1)) + 1.0
+
 
 def _call(sig, a: dict, lse: bool = False):
     op_sig = OPS[f"{sig.name}_lse"] if lse else sig
@@ -313,12 +378,18 @@ def _public(sig, doc: str, extra=()):
 
     ``smooth_k=True`` quantizes K minus its per-channel mean over the keys (the softmax does not
     change; the INT8 error of K with a large common offset does).
+
+    ``pv_dtype="fp16"`` returns V as float16 codes ``fp16(v / v_scale)`` instead of e4m3 (same
+    layout, same ``v_scale``): the attention on them runs P·V with FP16 operands (more accurate
+    at long sequences; twice V's bytes).
     """,
 )
 def gfx1201_sage_prepare(a) -> Prepared:
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS), op="gfx1201_sage_prepare")
-    q8, q_scale, k8, k_scale, v8_bits, v_scale = _call(signatures.PREPARE, a)
-    return Prepared(q8, q_scale, k8, k_scale, v8_bits.view(torch.float8_e4m3fn), v_scale)
+    q8, q_scale, k8, k_scale, v_codes, v_scale = _call(signatures.PREPARE, a)
+    if v_codes.dtype == torch.uint8:  # fp8 mode: e4m3 bits (float16 codes in fp16 mode)
+        v_codes = v_codes.view(torch.float8_e4m3fn)
+    return Prepared(q8, q_scale, k8, k_scale, v_codes, v_scale)
 
 
 @_public(
@@ -331,7 +402,9 @@ def gfx1201_sage_prepare(a) -> Prepared:
     whatever the padded K/V rows hold. ``is_causal``: query i sees keys j <= i (top-left).
     ``return_lse=True`` also returns the natural-log LSE, FP32 ``[B, Hq, S_pad]`` (rows at or
     beyond ``seq_len``: -inf) — of the scores of these prepared tensors (with smoothed K, the
-    smoothed scores; :func:`gfx1201_sage_attention` adds the mean's term back).
+    smoothed scores; :func:`gfx1201_sage_attention` adds the mean's term back). The P·V mode
+    follows ``v_fp8``'s dtype: e4m3 (or its uint8 bits) runs FP8 P·V, float16 (what
+    ``pv_dtype="fp16"`` prepare returns) FP16 P·V.
     """,
     extra=(RETURN_LSE,),
 )
@@ -340,7 +413,12 @@ def gfx1201_sage_attention_fwd(a):
     # the binding to name it.
     v = a["v_fp8"]
     a["v_fp8"] = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
-    return _call(signatures.ATTENTION_FWD, a, a.pop("return_lse"))
+    lse = a.pop("return_lse")
+    result = _call(signatures.ATTENTION_FWD, a, lse)
+    if check_enabled():
+        out, lse_t = result if lse else (result, None)
+        check_output(out, lse_t, rows=a["seq_len"], op="gfx1201_sage_attention_fwd")
+    return result
 
 
 @_public(
@@ -353,13 +431,22 @@ def gfx1201_sage_attention_fwd(a):
     Q and K first (see :func:`gfx1201_sage_prepare`). Keyword-only: ``is_causal`` (query i sees
     keys j <= i, top-left aligned as SDPA's), ``smooth_k`` (K smoothing), ``return_lse`` (also
     return the natural-log LSE of the unsmoothed scaled scores, FP32 ``[B, Hq, Sq]``),
-    ``backend``. Returns ``[B, Sq, Hq, D]`` in the inputs' dtype (and the LSE). Inference only.
+    ``pv_dtype`` (``"fp8"``, upstream's, or ``"fp16"``: FP16 P·V), ``backend``. Returns
+    ``[B, Sq, Hq, D]`` in the inputs' dtype (and the LSE). Inference only.
     """,
     extra=(RETURN_LSE,),
 )
 def gfx1201_sage_attention(a):
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS))
-    return _call(signatures.ATTENTION, a, a.pop("return_lse"))
+    lse = a.pop("return_lse")
+    result = _call(signatures.ATTENTION, a, lse)
+    if check_enabled():
+        out, lse_t = result if lse else (result, None)
+        bound = None
+        if lse_t is not None and a["query_weight"] is None:  # a norm changes |q| and |k|
+            bound = lse_bound(a["query"], a["key"], a["softmax_scale"], a["key"].shape[1])
+        check_output(out, lse_t, lse_bound=bound)
+    return result
 
 
 def available_backends() -> list[str]:

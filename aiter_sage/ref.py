@@ -67,6 +67,30 @@ Contract v2 (keyword-only options; each default is upstream's behaviour)
     quantization, so the term is exact up to FP32 rounding), the term the smoothing took out
     of every score of the row; the LSE is then that of the unsmoothed scores. Without
     smoothing corr = 0.
+
+FP16 P.V (``pv_dtype="fp16"``, keyword-only on prepare and attention; default "fp8")
+  * Prepare: the same per-channel s_v = amax_s |v| * float32(1/448); V is returned as float16
+    codes fp16(v / s_v) (RNE, 0 where s_v is not > 0) in V8's layout [B, H, Dp, S_pad]. As
+    |v / s_v| <= 448 (a little more only with a subnormal s_v), BF16 inputs cannot overflow
+    FP16, and v_scale keeps its meaning (O = acc / l * s_v). Q/K are unchanged.
+  * Attention: the fwd op reads the mode from the prepared V's dtype (e4m3 or its uint8 bits:
+    FP8; float16: FP16). The steps are the FP8 mode's with P' rounded to FP16 (RNE) instead
+    of e4m3: acc = acc * alpha + fp16(P') . V16, each FP16 x FP16 product exact in FP32, FP32
+    accumulation. P' <= 448 and its FP16 rounding keeps 11 significant bits down to 2^-14
+    (relative weights to ~1e-7 of the row max, where e4m3 flushes below 2^-9 / 448 = 4.4e-6):
+    what keeps long rows (100k+ keys, many small weights) accurate.
+
+Non-finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
+  * A row that FP32 SDPA makes non-finite is non-finite in ours, and a row we return finite is
+    in the band: never finite garbage. The quantization keeps it so by construction: a Q or K
+    block whose amax is NaN or +inf gets scale NaN / +inf and zero codes (NaN and inf codes
+    become 0), so every score of the block is 0 * (NaN or inf) = NaN: the block's query rows,
+    or every row that sees one of the block's keys, become NaN (m, P and l propagate NaN; no
+    max or clamp drops it). A V channel whose amax is NaN / inf gets a NaN / inf scale and its
+    non-finite element a NaN code, so the channel is NaN (or inf) in every row. A quantization
+    block may thus go non-finite as a whole (more rows than SDPA's), never wrong.
+  * ``AITER_SAGE_CHECK=1`` (debug): the Python functions warn, naming (batch, head, row), about
+    output rows that are not finite and LSE values out of range (aiter_sage.ops.check_output).
 """
 
 from __future__ import annotations
@@ -117,7 +141,7 @@ class Prepared(NamedTuple):
     q_scale: torch.Tensor  # float32 [B, Hq, Sq_pad / 32]
     k_int8: torch.Tensor  # int8 [B, Skv_pad, Hkv, Dp]
     k_scale: torch.Tensor  # float32 [B, Hkv, Skv_pad / 32]
-    v_fp8: torch.Tensor  # float8_e4m3fn [B, Hkv, Dp, Skv_pad]
+    v_fp8: torch.Tensor  # float8_e4m3fn [B, Hkv, Dp, Skv_pad] (pv_dtype "fp16": float16)
     v_scale: torch.Tensor  # float32 [B, Hkv, Dp]
 
 
@@ -290,13 +314,27 @@ def quantize_int8_blocks(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return x8, scale.transpose(1, 2).contiguous()
 
 
-def quantize_v(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """BF16/FP16 [B, S, H, D] -> e4m3fn [B, H, D, S_pad], scales [B, H, D]."""
+PV_DTYPES = ("fp8", "fp16")
+
+
+def check_pv_dtype(pv_dtype: str) -> None:
+    if pv_dtype not in PV_DTYPES:
+        raise ValueError(f'pv_dtype must be "fp8" or "fp16", got {pv_dtype!r}')
+
+
+def quantize_v(v: torch.Tensor, pv_dtype: str = "fp8") -> tuple[torch.Tensor, torch.Tensor]:
+    """BF16/FP16 [B, S, H, D] -> e4m3fn (fp16 mode: float16) [B, H, D, S_pad], scales
+    [B, H, D]."""
+    check_pv_dtype(pv_dtype)
     b, s, h, d = v.shape
     vf = v.float()
     scale = vf.abs().amax(dim=1) * (_f32(1.0) / FP8_MAX)  # [B, H, D]
     sc = scale[:, None]
     t = torch.where(sc > 0, vf / sc, torch.zeros_like(vf))
+    if pv_dtype == "fp16":
+        out16 = torch.zeros((b, h, d, padded_len(s)), dtype=torch.float16)
+        out16[..., :s] = t.to(torch.float16).permute(0, 2, 3, 1)
+        return out16, scale
     bits = e4m3_encode_sat(t)  # [B, S, H, D]
     out = torch.zeros((b, h, d, padded_len(s)), dtype=torch.uint8)
     out[..., :s] = bits.permute(0, 2, 3, 1)
@@ -333,6 +371,7 @@ def prepare(
     eps: float = 1e-6,
     *,
     smooth_k: bool = False,
+    pv_dtype: str = "fp8",
     return_smoothing: bool = False,
 ):
     """Reference prepare on BF16/FP16 [B, S, H, D] inputs (any device; computed on the CPU).
@@ -356,7 +395,7 @@ def prepare(
     q_scaled = q.float() * q_prescale(softmax_scale)
     q8, q_scale = quantize_int8_blocks(_pad_channels(q_scaled, d_pad))
     k8, k_scale = quantize_int8_blocks(_pad_channels(kf, d_pad))
-    v8, v_scale = quantize_v(_pad_channels(v, d_pad))
+    v8, v_scale = quantize_v(_pad_channels(v, d_pad), pv_dtype)
     prep = Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
     if not return_smoothing:
         return prep
@@ -400,7 +439,8 @@ def attention_from_prepared(
     ``return_lse``.
 
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
-    kernels' e4m3 P. ``lse_corr`` (:class:`Smoothing`'s, when prepare smoothed K) makes the
+    kernels' P rounding: e4m3, or FP16 when the prepared V is float16 (pv_dtype "fp16").
+    ``lse_corr`` (:class:`Smoothing`'s, when prepare smoothed K) makes the
     LSE that of the unsmoothed scores."""
     kv_len = q_len if kv_len is None else kv_len
     # One score scale per tile (the kernels' tile is one K scale block): the row max of
@@ -410,7 +450,9 @@ def attention_from_prepared(
     group = hq // hkv
     q8 = p.q_int8.cpu().float().transpose(1, 2)  # [B, Hq, Sq_pad, Dp]; dots below are exact
     k8 = p.k_int8.cpu().float().transpose(1, 2).repeat_interleave(group, dim=1)
-    v8 = e4m3_decode(fp8_bits(p.v_fp8.cpu())).repeat_interleave(group, dim=1)  # [B, Hq, Dp, S]
+    fp16_pv = p.v_fp8.dtype == torch.float16
+    vd = p.v_fp8.cpu().float() if fp16_pv else e4m3_decode(fp8_bits(p.v_fp8.cpu()))  # exact
+    v8 = vd.repeat_interleave(group, dim=1)  # [B, Hq, Dp, S]
     v8[..., kv_len:] = 0  # padded keys carry P = 0; their V may hold anything
     qs = p.q_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1)  # per row
     ks = p.k_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1).repeat_interleave(group, dim=1)
@@ -442,7 +484,7 @@ def attention_from_prepared(
         pr = torch.where(seen & any_seen[:, None], torch.exp2(u), 0.0)
         l = l * alpha + pr.sum(-1)
         if fp8_p:
-            pr = e4m3_decode(e4m3_encode_sat(pr))
+            pr = pr.half().float() if fp16_pv else e4m3_decode(e4m3_encode_sat(pr))
         acc = acc * alpha[..., None] + pr @ v8[..., j0:j1].transpose(-1, -2)
         m = m_new
     v_scale = p.v_scale.cpu().repeat_interleave(group, dim=1)
@@ -465,12 +507,21 @@ def sage_attention(
     is_causal: bool = False,
     smooth_k: bool = False,
     return_lse: bool = False,
+    pv_dtype: str = "fp8",
     **prepare_kwargs,
 ):
     """Reference SageAttention: prepare, then the quantized attention model. Output in q's
     dtype with q's head dim; with ``return_lse`` an :class:`AttentionResult`."""
     prep, smoothing = prepare(
-        q, k, v, softmax_scale, *args, smooth_k=smooth_k, return_smoothing=True, **prepare_kwargs
+        q,
+        k,
+        v,
+        softmax_scale,
+        *args,
+        smooth_k=smooth_k,
+        pv_dtype=pv_dtype,
+        return_smoothing=True,
+        **prepare_kwargs,
     )
     return attention_from_prepared(
         prep,

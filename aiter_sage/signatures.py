@@ -124,12 +124,16 @@ UPSTREAM_INPUTS = (
 BACKEND = Arg("backend", "str?", None, kw_only=True)
 IS_CAUSAL = Arg("is_causal", "bool", False, kw_only=True)
 SMOOTH_K = Arg("smooth_k", "bool", False, kw_only=True)
+# P.V operand format: "fp8" (upstream's e4m3 V and P) or "fp16" (FP16 V and P; prepare then
+# returns V as float16, and the fwd op reads the mode from that dtype).
+PV_DTYPE = Arg("pv_dtype", "str", "fp8", kw_only=True)
+PV_DTYPES = ("fp8", "fp16")
 # Python-only: selects the companion `_lse` op.
 RETURN_LSE = Arg("return_lse", "bool", False, kw_only=True)
 
 PREPARE = OpSignature(
     "gfx1201_sage_prepare",
-    (*UPSTREAM_INPUTS, SMOOTH_K, BACKEND),
+    (*UPSTREAM_INPUTS, SMOOTH_K, PV_DTYPE, BACKEND),
     "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
 ATTENTION_FWD = OpSignature(
@@ -151,7 +155,7 @@ ATTENTION_FWD = OpSignature(
 )
 ATTENTION = OpSignature(
     "gfx1201_sage_attention",
-    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, BACKEND),
+    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, PV_DTYPE, BACKEND),
     "Tensor",
 )
 

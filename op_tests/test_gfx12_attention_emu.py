@@ -25,7 +25,7 @@ _PARAM_FIELDS = [
         (n, ctypes.c_int32)
         for n in (
             "batch heads_q heads_kv head_dim head_dim_pad q_len kv_len q_len_pad kv_len_pad "
-            "in_dtype out_dtype mask smooth_k"
+            "in_dtype out_dtype mask smooth_k pv_dtype"
         ).split()
     ],
     ("q_prescale", ctypes.c_float),
@@ -40,7 +40,10 @@ _PARAM_FIELDS = [
     ("rope_sin", ctypes.c_void_p),
     ("rope_dim", ctypes.c_int32),
     ("rope_stride_s", ctypes.c_int64),
-    *[(n, ctypes.c_void_p) for n in "q8 q_scale k8 k_scale v8 v_scale k_mean lse_corr out".split()],
+    *[
+        (n, ctypes.c_void_p)
+        for n in "q8 q_scale k8 k_scale v8 v16 v_scale k_mean lse_corr out".split()
+    ],
     ("out_rows", ctypes.c_int32),
     ("out_stride_b", ctypes.c_int64),
     ("out_stride_s", ctypes.c_int64),
@@ -69,7 +72,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 3
+        assert lib.sage_abi_version() == 4
         _LIB["lib"] = lib
     return _LIB["lib"]
 

@@ -235,6 +235,13 @@ float checked_q_prescale(double softmax_scale) {
   return c;
 }
 
+// pv_dtype: "fp8" (FP8 V and P.V, upstream's) or "fp16" (FP16 V and P.V).
+int pv_dtype_code(const std::string& pv_dtype) {
+  TORCH_CHECK_VALUE(pv_dtype == "fp8" || pv_dtype == "fp16",
+                    "aiter_sage: pv_dtype must be \"fp8\" or \"fp16\", got \"", pv_dtype, "\"");
+  return pv_dtype == "fp16" ? SAGE_PV_FP16 : SAGE_PV_FP8;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The one place a SageParams is filled from tensors (FlashAttention's set_params_fprop), and the
 // one place it is validated before a launch.
@@ -269,7 +276,11 @@ void validate(SageParams p, sage::Launch launch) {
   auto fill = [](auto*& ptr) {
     if (!ptr) ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(stand_in);
   };
-  fill(p.q8), fill(p.q_scale), fill(p.k8), fill(p.k_scale), fill(p.v8), fill(p.v_scale);
+  fill(p.q8), fill(p.q_scale), fill(p.k8), fill(p.k_scale), fill(p.v_scale);
+  if (p.pv_dtype == SAGE_PV_FP16)
+    fill(p.v16);
+  else
+    fill(p.v8);
   if (launch == sage::Launch::kPrepare) {
     fill(p.q), fill(p.k), fill(p.v);
     if (p.smooth_k) fill(p.k_mean), fill(p.lse_corr);
@@ -286,7 +297,7 @@ void validate(SageParams p, sage::Launch launch) {
 // Prepare's arguments after the torch-level checks, as SageParams (no data pointers yet).
 SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           std::optional<double> softmax_scale, const NormRope& nr, bool smooth_k,
-                          bool shapes_only) {
+                          const std::string& pv_dtype, bool shapes_only) {
   check_qkv(q, k, v);
   const at::Device device = q.device();
   check_supported_device(device, shapes_only);
@@ -297,6 +308,7 @@ SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Te
   p.in_dtype = sage_dtype_of(q.scalar_type());
   p.q_prescale = checked_q_prescale(resolve_scale(softmax_scale, sh.D));
   p.smooth_k = smooth_k ? 1 : 0;
+  p.pv_dtype = pv_dtype_code(pv_dtype);
   TORCH_CHECK_VALUE(nr.q_weight.has_value() == nr.k_weight.has_value(),
                     "aiter_sage: pass both query_weight and key_weight, or neither");
   TORCH_CHECK_VALUE(nr.cos.has_value() == nr.sin.has_value(),
@@ -380,13 +392,20 @@ SageParams fwd_params(const Prepared6& in, int64_t seq_len, std::optional<int64_
   check_prepared(in.q_scale, "q_scale", at::kFloat, {B, Hq, sage::scale_blocks(Sq_pad)}, device);
   check_prepared(in.k8, "k_int8", at::kChar, {B, Skv_pad, Hkv, D}, device);
   check_prepared(in.k_scale, "k_scale", at::kFloat, {B, Hkv, sage::scale_blocks(Skv_pad)}, device);
-  check_prepared(in.v8, "v_fp8", kFp8Storage, {B, Hkv, D, Skv_pad}, device);
+  // The P.V mode comes from the prepared V's dtype: e4m3 (or its uint8 bits) or float16.
+  const at::ScalarType vt = in.v8.scalar_type();
+  TORCH_CHECK_TYPE(vt == kFp8Storage || vt == at::kFloat8_e4m3fn || vt == at::kHalf,
+                   "aiter_sage: prepared v_fp8 must be torch.float8_e4m3fn (or its uint8 bits) ",
+                   "or torch.float16 (pv_dtype=\"fp16\"), got ", vt);
+  const bool pv_fp16 = vt == at::kHalf;
+  check_prepared(in.v8, "v_fp8", pv_fp16 ? at::kHalf : kFp8Storage, {B, Hkv, D, Skv_pad}, device);
   check_prepared(in.v_scale, "v_scale", at::kFloat, {B, Hkv, D}, device);
   SageParams p = params_for(Shape{B, Hq, Hkv, D, seq_len, kv_len});
   p.q_len_pad = int32_t(Sq_pad);
   p.kv_len_pad = int32_t(Skv_pad);
   p.out_dtype = sage_dtype_of(out_dtype);
   p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
+  p.pv_dtype = pv_fp16 ? SAGE_PV_FP16 : SAGE_PV_FP8;
   p.out_rows = p.q_len_pad;
   validate(p, sage::Launch::kAttention);
   return p;
@@ -405,9 +424,9 @@ struct PrepareResult {
 
 PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
                               const at::Tensor& v_in, std::optional<double> softmax_scale,
-                              const NormRope& nr, bool smooth_k,
+                              const NormRope& nr, bool smooth_k, const std::string& pv_dtype,
                               const std::optional<std::string>& backend_arg) {
-  SageParams p = prepare_params(q_in, k_in, v_in, softmax_scale, nr, smooth_k, false);
+  SageParams p = prepare_params(q_in, k_in, v_in, softmax_scale, nr, smooth_k, pv_dtype, false);
   const at::Device device = q_in.device();
   const std::string backend = requested_backend(backend_arg);
   const bool align = needs_alignment(device, backend);
@@ -442,7 +461,9 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor q_scale = at::empty({B, Hq, sage::scale_blocks(p.q_len_pad)}, f32);
   at::Tensor k8 = at::empty({B, p.kv_len_pad, Hkv, Dp}, i8);
   at::Tensor k_scale = at::empty({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
-  at::Tensor v8 = at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(kFp8Storage));
+  const bool pv_fp16 = p.pv_dtype == SAGE_PV_FP16;
+  at::Tensor v8 =
+      at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
   at::Tensor v_scale = at::empty({B, Hkv, Dp}, f32);
   at::Tensor k_mean, lse_corr;
   if (smooth_k) {
@@ -453,7 +474,8 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.q_scale = q_scale.data_ptr<float>();
   p.k8 = k8.data_ptr<int8_t>();
   p.k_scale = k_scale.data_ptr<float>();
-  p.v8 = reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
+  p.v8 = pv_fp16 ? nullptr : reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
+  p.v16 = pv_fp16 ? reinterpret_cast<sage_fp16_t*>(v8.data_ptr()) : nullptr;
   p.v_scale = v_scale.data_ptr<float>();
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
   p.lse_corr = smooth_k ? lse_corr.data_ptr<float>() : nullptr;
@@ -493,7 +515,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const Fw
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
   p.k_scale = const_cast<float*>(ptr_of<float>(k_scale));
-  p.v8 = const_cast<sage_fp8_t*>(ptr_of<sage_fp8_t>(v8));
+  if (p.pv_dtype == SAGE_PV_FP16)
+    p.v16 = const_cast<sage_fp16_t*>(ptr_of<sage_fp16_t>(v8));
+  else
+    p.v8 = const_cast<sage_fp8_t*>(ptr_of<sage_fp8_t>(v8));
   p.v_scale = const_cast<float*>(ptr_of<float>(v_scale));
   p.out = out.data_ptr();
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
@@ -519,9 +544,10 @@ PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& key_weight,
                          const std::optional<at::Tensor>& cosine,
                          const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
-                         std::optional<std::string> backend) {
+                         std::string pv_dtype, std::optional<std::string> backend) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  return prepare_checked(query, key, value, softmax_scale, nr, smooth_k, backend).prepared;
+  return prepare_checked(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, backend)
+      .prepared;
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::Tensor& q_scale,
@@ -563,9 +589,10 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
     std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
     const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
-    std::optional<std::string> backend, bool return_lse) {
+    const std::string& pv_dtype, std::optional<std::string> backend, bool return_lse) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  PrepareResult pr = prepare_checked(query, key, value, softmax_scale, nr, smooth_k, backend);
+  PrepareResult pr =
+      prepare_checked(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, backend);
   auto& [q8, qs, k8, ks, v8, vs] = pr.prepared;
   FwdOptions o;
   o.seq_len = query.size(1);
@@ -585,9 +612,10 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
                         const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                        bool smooth_k, std::optional<std::string> backend) {
+                        bool smooth_k, std::string pv_dtype, std::optional<std::string> backend) {
   return std::get<0>(attention_any(query, key, value, softmax_scale, query_weight, key_weight,
-                                   cosine, sine, eps, is_causal, smooth_k, backend, false));
+                                   cosine, sine, eps, is_causal, smooth_k, pv_dtype, backend,
+                                   false));
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_lse_op(
@@ -595,9 +623,9 @@ std::tuple<at::Tensor, at::Tensor> attention_lse_op(
     std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
     const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
-    std::optional<std::string> backend) {
+    std::string pv_dtype, std::optional<std::string> backend) {
   return attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine,
-                       eps, is_causal, smooth_k, backend, true);
+                       eps, is_causal, smooth_k, pv_dtype, backend, true);
 }
 
 // The fake implementations' checks: the same rules on meta/fake tensors (no launch). The fakes
@@ -607,9 +635,10 @@ void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& query_weight,
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
-                        const std::optional<at::Tensor>& sine, double eps, bool smooth_k) {
+                        const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
+                        const std::string& pv_dtype) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  prepare_params(query, key, value, softmax_scale, nr, smooth_k, true);
+  prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
 }
 
 void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -618,9 +647,9 @@ void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const 
                           const std::optional<at::Tensor>& key_weight,
                           const std::optional<at::Tensor>& cosine,
                           const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                          bool smooth_k) {
+                          bool smooth_k, const std::string& pv_dtype) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, true);
+  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
   p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
   p.out_dtype = p.in_dtype;
   p.out_rows = p.q_len;

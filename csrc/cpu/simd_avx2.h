@@ -80,3 +80,5 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
                          _mm256_set1_ps(__builtin_bit_cast(float, v_word)), acc);
 }
 inline VElem decode_v(uint8_t b) { return sage::e4m3_to_f32(b); }
+// FP16 V code (pv_dtype FP16) -> float, exact.
+inline VElem decode_v16(uint16_t h) { return sage::fp16_to_f32(h); }

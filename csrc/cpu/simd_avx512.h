@@ -117,3 +117,6 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
 inline VElem decode_v(uint8_t b) {
   return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);
 }
+// FP16 V code (pv_dtype FP16) -> BF16 bits, rounded to nearest even (BF16 keeps 8 of FP16's 11
+// significant bits: the tier's P.V type).
+inline VElem decode_v16(uint16_t h) { return VElem(sage::f32_to_bf16(sage::fp16_to_f32(h))); }

@@ -90,8 +90,7 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
 }
 // 16 bytes global -> shared; src_bytes 0 fills zeros (rows past the padded length).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
 // The mbarrier gets one arrival once every cp.async this thread issued so far has landed.
@@ -400,8 +399,7 @@ __device__ __forceinline__ void issue_pv(const PvDesc& d, float (&o)[T::kDim / 2
 
 template <class T>
 __device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, int wg_row0) {
-  return key0 + kBlockN > p.kv_len ||
-         (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
+  return key0 + kBlockN > p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
 }
 
 template <class T>
@@ -530,7 +528,8 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     const int row = c.row0 + 8 * h;
     if (row >= p.out_rows) continue;
     const bool real = row < p.q_len;
-    uint16_t* orow = out + bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, w.b, row, w.hq);
+    uint16_t* orow =
+        out + bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, w.b, row, w.hq);
 #pragma unroll
     for (int ch = 0; ch < T::kDim / 8; ++ch) {
       const int d = 8 * ch + 2 * c.t;
@@ -563,10 +562,12 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_constant__ SageParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_kernel(const __grid_constant__ SageParams p) {
   extern __shared__ uint8_t smem_raw[];
   Smem<T> sm;
-  sm.base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  sm.base =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   const Work w = work_of(p);
   const int tid = int(threadIdx.x);
   const int wg = tid / 128;
@@ -595,7 +596,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(const __grid_con
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
 
 namespace {
-constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
+constexpr sage::Features kCudaFeatures = sage::kContractV2Features;
 
 template <class T>
 int launch(const SageParams& p, cudaStream_t stream) {
@@ -622,7 +623,8 @@ int launch(const SageParams& p, cudaStream_t stream) {
 // only, so any other arch gets this message instead of "no kernel image".
 bool check_arch() {
   int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return !sage::set_error("sage_attention_launch: no CUDA device");
+  if (cudaGetDevice(&dev) != cudaSuccess)
+    return !sage::set_error("sage_attention_launch: no CUDA device");
   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
   cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
   if (major != 9 || minor != 0)
@@ -641,8 +643,9 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   const SageParams& p = *params;
   if ((p.out_stride_s | p.out_stride_h | p.out_stride_b) & 1 ||
       (reinterpret_cast<uintptr_t>(p.out) & 3))
-    return sage::set_error("sage_attention_launch: the cuda backend needs an output with even "
-                           "strides and a 4-byte aligned base");
+    return sage::set_error(
+        "sage_attention_launch: the cuda backend needs an output with even "
+        "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
   // AITER_SAGE_CUDA_PINGPONG=1 (measurements only): the consumer warpgroups take turns issuing

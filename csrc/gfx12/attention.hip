@@ -657,7 +657,7 @@ inline int dispatch_attention(const SageParams& p, void* stream) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
-  if (!sage::check_features(params, sage::Launch::kAttention, sage::kAllFeatures, "gfx12"))
+  if (!sage::check_features(params, sage::Launch::kAttention, sage::kContractV2Features, "gfx12"))
     return 1;
   const int rc = sage::gfx12::dispatch_attention(*params, stream);
   if (rc != 0) {

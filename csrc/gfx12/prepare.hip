@@ -510,7 +510,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   namespace g = sage::gfx12;
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
-  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures, SAGE_PREPARE_BACKEND))
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kContractV2Features,
+                            SAGE_PREPARE_BACKEND))
     return 1;
   const SageParams& p = *params;
   // The one place where the head dim and the input dtype become template arguments.

@@ -45,7 +45,10 @@ inline bool check_problem(const SageParams* p, const char* what) {
         "%s: q_len_pad/kv_len_pad (%d/%d) must be multiples of %d covering "
         "q_len/kv_len (%d/%d)",
         what, p->q_len_pad, p->kv_len_pad, SAGE_SEQ_ALIGN, p->q_len, p->kv_len);
-  if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !p->v8 || !p->v_scale)
+  if (p->pv_dtype != SAGE_PV_FP8 && p->pv_dtype != SAGE_PV_FP16)
+    return !set_error("%s: unknown P.V mode %d (0: fp8, 1: fp16)", what, p->pv_dtype);
+  const bool v_ok = p->pv_dtype == SAGE_PV_FP16 ? p->v16 != nullptr : p->v8 != nullptr;
+  if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !v_ok || !p->v_scale)
     return !set_error("%s: null prepared tensor pointer", what);
   return true;
 }
@@ -113,9 +116,13 @@ struct Features {
   bool causal;          // mask == SAGE_MASK_CAUSAL
   bool lse;             // an LSE output
   bool smooth_k;        // K smoothing (prepare) and its LSE correction (attention)
+  bool pv_fp16;         // pv_dtype FP16: FP16 V (prepare) and FP16 P.V (attention)
 };
-constexpr Features kV1Features = {false, false, false, false, false, false};
-constexpr Features kAllFeatures = {true, true, true, true, true, true};
+constexpr Features kV1Features = {false, false, false, false, false, false, false};
+constexpr Features kAllFeatures = {true, true, true, true, true, true, true};
+// All of contract v2, FP16 P.V not yet: the gfx12 kernels (and so the emulator; their 16-bit
+// WMMA B layout needs a kernel variant of its own, csrc/gfx12/README.md) and the cuda kernels.
+constexpr Features kContractV2Features = {true, true, true, true, true, true, false};
 
 inline bool check_features(const SageParams* p, Launch launch, Features f, const char* backend) {
   const char* what = launch == Launch::kPrepare ? "sage_prepare_launch" : "sage_attention_launch";
@@ -125,6 +132,7 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
       launch == Launch::kPrepare ? p->in_dtype == SAGE_DTYPE_FP16 : p->out_dtype == SAGE_DTYPE_FP16;
   if (!f.fp16 && fp16) missing = "float16 tensors";
   if (!f.gqa && p->heads_q != p->heads_kv) missing = "grouped-query attention";
+  if (!f.pv_fp16 && p->pv_dtype == SAGE_PV_FP16) missing = "pv_dtype=\"fp16\" (FP16 P.V)";
   if (launch == Launch::kAttention) {
     if (!f.causal && p->mask == SAGE_MASK_CAUSAL) missing = "causal attention";
     if (!f.lse && p->lse) missing = "return_lse";

@@ -14,7 +14,8 @@ extern "C" {
 //    tables, the host-rounded Q factor, padded output rows.
 // 3: contract v2: head dim (64 / 128 kernels, other D <= 128 zero-padded), heads_q/heads_kv
 //    (GQA/MQA), input/output dtype (BF16/FP16), mask mode (causal), LSE output, K smoothing.
-#define SAGE_ABI_VERSION 3
+// 4: the P.V mode (pv_dtype: FP8 or FP16 operands) and the FP16 prepared V (v16).
+#define SAGE_ABI_VERSION 4
 
 // Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
 // that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
@@ -43,6 +44,10 @@ enum SageDtype { SAGE_DTYPE_BF16 = 0, SAGE_DTYPE_FP16 = 1 };
 // Which keys a query sees. CAUSAL: query i sees keys j <= i (top-left aligned, as
 // torch.nn.functional.scaled_dot_product_attention(is_causal=True), also when q_len != kv_len).
 enum SageMask { SAGE_MASK_NONE = 0, SAGE_MASK_CAUSAL = 1 };
+// Operand format of P.V (FP32 accumulation either way). FP8: V as e4m3 codes (v8), P rounded
+// to e4m3 on the GPU. FP16: V as IEEE binary16 codes fp16(v / v_scale) (v16), P rounded to
+// FP16 on the GPU. The V channel scale v_scale = amax * float32(1/448) is the same in both.
+enum SagePvDtype { SAGE_PV_FP8 = 0, SAGE_PV_FP16 = 1 };
 
 typedef struct SageParams {
   // ---- problem size ----
@@ -61,6 +66,7 @@ typedef struct SageParams {
   int32_t out_dtype;     // SageDtype of out (attention)
   int32_t mask;          // SageMask (attention)
   int32_t smooth_k;      // prepare: quantize K minus its per-channel mean over the keys (k_mean)
+  int32_t pv_dtype;      // SagePvDtype: which prepared V prepare writes / attention reads
   // float32(softmax_scale * log2 e) with the product formed in double on the host (upstream's
   // rounding); Q is multiplied by it before quantization so the kernels use exp2.
   float q_prescale;
@@ -86,12 +92,13 @@ typedef struct SageParams {
   int64_t rope_stride_s;
 
   // ---- prepared tensors (contiguous; see layout.h). D = head_dim_pad ----
-  int8_t* q8;      // [B, q_len_pad, heads_q, D]
-  float* q_scale;  // [B, heads_q, q_len_pad / 32]
-  int8_t* k8;      // [B, kv_len_pad, heads_kv, D]
-  float* k_scale;  // [B, heads_kv, kv_len_pad / 32]
-  sage_fp8_t* v8;  // [B, heads_kv, D, kv_len_pad]  (V transposed)
-  float* v_scale;  // [B, heads_kv, D]
+  int8_t* q8;        // [B, q_len_pad, heads_q, D]
+  float* q_scale;    // [B, heads_q, q_len_pad / 32]
+  int8_t* k8;        // [B, kv_len_pad, heads_kv, D]
+  float* k_scale;    // [B, heads_kv, kv_len_pad / 32]
+  sage_fp8_t* v8;    // [B, heads_kv, D, kv_len_pad]  (V transposed; pv_dtype FP8, else null)
+  sage_fp16_t* v16;  // same layout, FP16 codes (pv_dtype FP16, else null); offsets: v8_offset
+  float* v_scale;    // [B, heads_kv, D]
   // K smoothing (prepare, smooth_k; both null otherwise):
   //  k_mean   [B, heads_kv, D] FP32 mean of K over the real keys (after norm/RoPE); K is
   //           quantized minus it.

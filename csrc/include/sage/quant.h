@@ -123,6 +123,11 @@ SAGE_HD float v_channel_scale(float amax) { return amax * kInvFp8Max; }
 SAGE_HD sage_fp8_t quant_v(float v, float scale) {
   return f32_to_e4m3_sat(scale > 0.0f ? v / scale : 0.0f);
 }
+// FP16 code of v (pv_dtype FP16): fp16(v / s) with RNE, 0 where s is not > 0. |v / s| <= 448
+// (as for e4m3; a little more only with a subnormal s), far inside FP16's range.
+SAGE_HD sage_fp16_t quant_v16(float v, float scale) {
+  return f32_to_fp16(scale > 0.0f ? v / scale : 0.0f);
+}
 
 // ---- K smoothing: the per-channel mean of K over the real keys, in a pinned order ----
 // 32 partial sums per channel, partial g summing keys g, g + 32, g + 64, ... in turn (from

@@ -1,0 +1,246 @@
+"""Long rows and accuracy guardrails (issue 13): the FP16 P·V mode (pv_dtype="fp16"), the
+non-finite input rules of ref.py ("Non-finite input") on every backend and cpu tier, large V,
+and the AITER_SAGE_CHECK=1 debug check. Small shapes: the emu backend is slow."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import aiter_sage
+from aiter_sage import ops, ref
+
+from common import BACKENDS, run_as_script, skip_no_hardware
+from test_gfx1201_sage_prepare import assert_prepared_equal
+
+CPU_TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
+# (backend, cpu tier or None): every cpu tier that runs here, and the gfx12 kernels.
+TARGETS = [("cpu", t) for t in CPU_TIERS if "cpu" in BACKENDS] + [
+    (b, None) for b in BACKENDS if b != "cpu"
+]
+# gfx12 (and its emulator) refuse pv_dtype="fp16" until the FP16 kernel variant exists.
+FP16_PV_BACKENDS = ("cpu",)
+
+
+@pytest.fixture(params=[pytest.param(t, id=t[1] or t[0]) for t in TARGETS])
+def target(request, monkeypatch):
+    backend, tier = request.param
+    if tier is not None:
+        monkeypatch.setenv("AITER_SAGE_CPU_ISA", tier)
+        q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+        try:
+            aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
+        except RuntimeError as e:
+            if "lacks" in str(e):
+                skip_no_hardware(f"this CPU has no {tier} tier")
+            raise
+    return backend
+
+
+def _inputs(b, sq, skv, h, d=128, *, seed, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn((b, sq, h, d), generator=g).to(dtype)
+    k = torch.randn((b, skv, h, d), generator=g).to(dtype)
+    v = torch.randn((b, skv, h, d), generator=g).to(dtype)
+    return q, k, v
+
+
+def _sdpa32(q, k, v, causal=False):
+    t = lambda x: x.float().transpose(1, 2)  # noqa: E731
+    out = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=causal)
+    return out.transpose(1, 2)
+
+
+# ---- FP16 P·V ------------------------------------------------------------------------------
+def test_prepare_fp16_v_contract():
+    """fp16 mode: V as float16 codes fp16(v / s_v), s_v the fp8 mode's; Q/K unchanged."""
+    q, k, v = _inputs(1, 40, 70, 2, seed=1)
+    p8 = ref.prepare(q, k, v)
+    p16 = ref.prepare(q, k, v, pv_dtype="fp16")
+    assert p16.v_fp8.dtype == torch.float16 and p16.v_fp8.shape == p8.v_fp8.shape
+    assert torch.equal(p16.v_scale, p8.v_scale) and torch.equal(p16.k_int8, p8.k_int8)
+    want = (v.float() / p8.v_scale[:, None]).half().permute(0, 2, 3, 1)
+    assert torch.equal(p16.v_fp8[..., :70], want)
+    assert not p16.v_fp8[..., 70:].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,smooth", [(128, False), (72, True)])
+def test_prepare_fp16_bit_exact(target, dtype, d, smooth):
+    q, k, v = _inputs(2, 50, 77, 2, d, seed=2, dtype=dtype)
+    kw = dict(smooth_k=smooth, pv_dtype="fp16")
+    if target not in FP16_PV_BACKENDS:
+        with pytest.raises(RuntimeError, match="does not support pv_dtype"):
+            aiter_sage.gfx1201_sage_prepare(q, k, v, backend=target, **kw)
+        return
+    got = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=target, **kw)
+    assert got.v_fp8.dtype == torch.float16
+    assert_prepared_equal(got, ref.prepare(q, k, v, **kw))
+
+
+def test_pv_dtype_rejected():
+    q, k, v = _inputs(1, 8, 8, 1, seed=3)
+    with pytest.raises(ValueError, match="pv_dtype"):
+        aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype="bf16", backend="cpu")
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+    with pytest.raises(TypeError, match="float16"):
+        aiter_sage.gfx1201_sage_attention_fwd(*prep[:4], prep.v_fp8.float(), prep.v_scale, 8)
+
+
+@pytest.mark.parametrize(
+    "sq,skv,hq,hkv,d,causal,dtype,lse",
+    [
+        (64, 4096, 1, 1, 128, False, torch.bfloat16, False),  # the long-row case
+        (100, 300, 4, 2, 64, True, torch.float16, True),  # GQA, causal, LSE, FP16 in/out
+        (33, 200, 2, 2, 96, False, torch.bfloat16, True),
+    ],
+)
+def test_fp16_pv_in_band_and_better(target, sq, skv, hq, hkv, d, causal, dtype, lse):
+    """FP16 P·V in the band, with every contract-v2 option, and more accurate than FP8 P·V on a
+    long row (both the backend and the GPU's arithmetic in the ref model)."""
+    if target not in FP16_PV_BACKENDS:
+        q, k, v = _inputs(1, 32, 32, 1, seed=4)
+        with pytest.raises(RuntimeError, match="does not support pv_dtype"):
+            aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype="fp16", backend=target)
+        return
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn((1, sq, hq, d), generator=g).to(dtype)
+    k = torch.randn((1, skv, hkv, d), generator=g).to(dtype)
+    v = torch.randn((1, skv, hkv, d), generator=g).to(dtype)
+    want = ref.attention_fp32(q, k, v, is_causal=causal)
+    errs = {}
+    for mode in ("fp8", "fp16"):
+        res = aiter_sage.gfx1201_sage_attention(
+            q, k, v, is_causal=causal, pv_dtype=mode, return_lse=lse, backend=target
+        )
+        out = res[0] if lse else res
+        assert out.dtype == dtype and out.shape == q.shape
+        acc = ref.accuracy(out, want)
+        assert ref.in_band(acc), (mode, ref.band_failures(acc), acc)
+        errs[mode] = acc["rel_l2"]
+        if lse:
+            want_lse = ref.lse_fp32(q, k, is_causal=causal)
+            assert (res[1] - want_lse).abs().max() < 3e-2  # INT8 scores
+    if skv >= 4096:
+        assert errs["fp16"] < 0.9 * errs["fp8"], errs
+        # the GPU's arithmetic (P rounded to e4m3 / FP16): FP16 mends it more
+        model = {}
+        for mode in ("fp8", "fp16"):
+            p = ref.prepare(q, k, v, pv_dtype=mode)
+            model[mode] = ref.accuracy(ref.attention_from_prepared(p, sq, skv), want)["rel_l2"]
+        assert model["fp16"] < 0.9 * model["fp8"], model
+
+
+def test_fwd_takes_fp16_v_and_reads_mode_from_dtype():
+    q, k, v = _inputs(1, 64, 96, 2, seed=6)
+    p16 = aiter_sage.gfx1201_sage_prepare(q, k, v, pv_dtype="fp16", backend="cpu")
+    out = aiter_sage.gfx1201_sage_attention_fwd(*p16, 64, kv_len=96, backend="cpu")
+    full = aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype="fp16", backend="cpu")
+    assert torch.equal(out[:, :64, :, :128], full)
+    assert torch.compile(lambda *a: aiter_sage.gfx1201_sage_prepare(*a, pv_dtype="fp16"))(
+        q, k, v
+    ).v_fp8.dtype == (torch.float16)
+
+
+# ---- large V -------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["fp8", "fp16"])
+def test_large_v_in_band(target, mode):
+    """|v| up to 6e4 in FP16 (near FP16's max): the V scale keeps the codes at <= 448."""
+    if mode == "fp16" and target not in FP16_PV_BACKENDS:
+        pytest.skip("FP16 P·V is refused on this backend (tested above)")
+    q, k, v = _inputs(1, 64, 96, 2, seed=7, dtype=torch.float16)
+    v = (v.float() * 2e4).clamp(-6e4, 6e4).half()
+    v[0, 5, 0, 3] = 6e4
+    out = aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype=mode, backend=target)
+    assert torch.isfinite(out).all()
+    acc = ref.accuracy(out.float() / 2e4, ref.attention_fp32(q, k, v) / 2e4)  # at its scale
+    assert ref.in_band(acc), ref.band_failures(acc)
+
+
+# ---- non-finite input ----------------------------------------------------------------------
+NONFINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def assert_guardrails(out, want):
+    """Rows SDPA makes non-finite are non-finite in ours; rows we return finite are right."""
+    ours_ok = torch.isfinite(out.float()).all(-1)  # [B, S, H]
+    sdpa_ok = torch.isfinite(want).all(-1)
+    missed = sdpa_ok.logical_not() & ours_ok
+    assert not missed.any(), f"finite rows where SDPA's are not: {missed.nonzero().tolist()}"
+    rows = ours_ok & sdpa_ok
+    got, ref_rows = out.float()[rows], want[rows]
+    assert ((got - ref_rows).abs() <= ref.BAND["atol"] + ref.BAND["rtol"] * ref_rows.abs()).all()
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("val", NONFINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nonfinite_input(target, which, val, causal):
+    q, k, v = _inputs(1, 96, 96, 1, seed=8)
+    t = {"q": q, "k": k, "v": v}[which]
+    t[0, 70, 0, 5] = val  # row 70: the 3rd Q/K block, so causal rows < 64 stay clean
+    modes = ("fp8", "fp16") if target in FP16_PV_BACKENDS else ("fp8",)
+    want = _sdpa32(q, k, v, causal)
+    for mode in modes:
+        out = aiter_sage.gfx1201_sage_attention(
+            q, k, v, is_causal=causal, pv_dtype=mode, backend=target
+        )
+        assert_guardrails(out, want)
+        if which == "q" or (causal and which == "k"):  # the blocks before row 70 stay finite
+            assert torch.isfinite(out[:, :64]).all()
+
+
+def test_nonfinite_lse_and_smoothing(target):
+    """The LSE of a poisoned row is not finite either, with and without K smoothing."""
+    q, k, v = _inputs(1, 64, 64, 1, seed=9)
+    q[0, 40, 0, 1] = float("nan")
+    for smooth in (False, True):
+        out, lse = aiter_sage.gfx1201_sage_attention(
+            q, k, v, smooth_k=smooth, return_lse=True, backend=target
+        )
+        assert not torch.isfinite(out[0, 40]).all() and not torch.isfinite(lse[0, 0, 40])
+        assert torch.isfinite(lse[0, 0, :32]).all()
+
+
+def test_ref_model_nonfinite():
+    """The spec itself obeys the rules (attention_from_prepared in both P·V modes)."""
+    q, k, v = _inputs(1, 64, 64, 1, seed=10)
+    for which in "qkv":
+        qq, kk, vv = q.clone(), k.clone(), v.clone()
+        {"q": qq, "k": kk, "v": vv}[which][0, 40, 0, 2] = float("nan")
+        for mode in ("fp8", "fp16"):
+            out = ref.sage_attention(qq, kk, vv, pv_dtype=mode)
+            assert_guardrails(out, _sdpa32(qq, kk, vv))
+
+
+# ---- AITER_SAGE_CHECK ----------------------------------------------------------------------
+def test_debug_check_names_rows(monkeypatch):
+    q, k, v = _inputs(2, 64, 64, 2, seed=11)
+    monkeypatch.setenv("AITER_SAGE_CHECK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # clean input: no warning
+        aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True, backend="cpu")
+    q[1, 3, 1, 0] = float("nan")
+    with pytest.warns(ops.SageCheckWarning, match=r"\(1, 1, 3\)"):
+        aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+    with pytest.warns(ops.SageCheckWarning, match="LSE out of range"):
+        aiter_sage.gfx1201_sage_attention_fwd(*prep, 64, return_lse=True, backend="cpu")
+    monkeypatch.setenv("AITER_SAGE_CHECK", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+
+
+def test_debug_check_lse_bound():
+    out = torch.zeros(1, 4, 1, 8)
+    lse = torch.tensor([[[0.0, 1e3, -math.inf, 2.0]]])
+    with pytest.warns(ops.SageCheckWarning) as rec:
+        found = ops.check_output(out, lse, lse_bound=10.0)
+    assert found["lse"].nonzero().tolist() == [[0, 0, 1], [0, 0, 2]]
+    assert "(0, 0, 1), (0, 0, 2)" in str(rec[0].message)
+
+
+if __name__ == "__main__":
+    run_as_script(__file__)
