@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import threading
 from typing import Optional
 
@@ -71,7 +72,17 @@ def _device_unsupported_uncached(device_type: str, index: int, backend: str) -> 
 _device_cache: dict = {}
 
 
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn):
+    """torch.compiler.assume_constant_result without importing torch._dynamo (2 s) at import
+    time: that function only sets this attribute; the public one is used when dynamo is
+    already loaded. test_integrations_sdpa's fullgraph tests trace through the marked call."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _device_unsupported(device_type: str, index: int, backend: str) -> str:
     """'' when a backend serves tensors on this device, else why not (cached per device,
     requested backend and $AITER_SAGE_BACKEND)."""
