@@ -21,6 +21,9 @@ with torch.no_grad():
 ref = torch.nn.functional.scaled_dot_product_attention(q.float(), q.float(), q.float())
 cos = torch.nn.functional.cosine_similarity(out.float().flatten(), ref.flatten(), dim=0)
 assert cos > 0.99, cos
+from sageattention import sageattn_qk_int8_pv_fp8_cuda as fp8
+with torch.no_grad():
+    assert torch.equal(fp8(q, q, q, tensor_layout="HND", pv_accum_dtype="fp32+fp32"), out)
 print("OURS")
 """
 

@@ -338,6 +338,37 @@ def sageattn(
     )
 
 
+def sageattn_keywords(
+    q,
+    k,
+    v,
+    *,
+    tensor_layout="HND",
+    is_causal=False,
+    sm_scale=None,
+    return_lse=False,
+    smooth_k=True,
+    attn_mask=None,
+    **kwargs,
+):
+    """:func:`sageattn` taking everything after q, k, v by keyword: what the sageattention
+    shim offers under SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp16_triton``,
+    ...), whose positional orders differ from ``sageattn``'s (a positional option raises
+    TypeError rather than being read as another one)."""
+    return sageattn(
+        q,
+        k,
+        v,
+        tensor_layout=tensor_layout,
+        is_causal=is_causal,
+        sm_scale=sm_scale,
+        return_lse=return_lse,
+        smooth_k=smooth_k,
+        attn_mask=attn_mask,
+        **kwargs,
+    )
+
+
 def sdpa(
     query,
     key,

@@ -11,7 +11,9 @@ Opt-in, two ways:
 Either way a finder goes at the *end* of ``sys.meta_path`` and answers only for the top-level
 name ``sageattention``, only after every other finder said it has none: a real SageAttention
 install always wins. The module it provides exposes :func:`aiter_sage.sageattn` as
-``sageattn`` (and ``__aiter_sage_shim__ = True``).
+``sageattn``, SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp8_cuda``, ...) with
+their options keyword-only, and ``__aiter_sage_shim__ = True``. Not provided:
+``sageattn_varlen`` and the ``sageattention.core`` submodule.
 
 This file imports neither torch nor aiter_sage: the ``.pth`` line runs it by its path at every
 interpreter start, and only the ``import sageattention`` it answers loads aiter_sage.
@@ -26,6 +28,15 @@ import sys
 
 NAME = "sageattention"
 PTH_NAME = "aiter_sage_sageattention_shim.pth"
+# SageAttention's per-kernel entry points that nodes import next to sageattn; here they all
+# run aiter_sage's kernels and take their options by keyword only (their positional orders
+# differ from sageattn's).
+KEYWORD_VARIANTS = (
+    "sageattn_qk_int8_pv_fp16_triton",
+    "sageattn_qk_int8_pv_fp16_cuda",
+    "sageattn_qk_int8_pv_fp8_cuda",
+    "sageattn_qk_int8_pv_fp8_cuda_sm90",
+)
 _MARK = "_aiter_sage_sageattention_shim"
 _BOOT = "_aiter_sage_sageattention_shim_boot"  # module name the .pth runs this file under
 
@@ -35,11 +46,13 @@ class _ShimLoader(importlib.abc.Loader):
         return None
 
     def exec_module(self, module):
-        from aiter_sage.integrations.router import sageattn
+        from aiter_sage.integrations.router import sageattn, sageattn_keywords
 
         module.sageattn = sageattn
+        for name in KEYWORD_VARIANTS:
+            setattr(module, name, sageattn_keywords)
         module.__aiter_sage_shim__ = True
-        module.__all__ = ["sageattn"]
+        module.__all__ = ["sageattn", *KEYWORD_VARIANTS]
 
 
 class SageAttentionShimFinder(importlib.abc.MetaPathFinder):
