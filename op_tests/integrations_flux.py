@@ -122,7 +122,17 @@ def worker(mode: str, rank: int, world: int, init: str, out: str) -> None:
                 return_lse=True,
                 _parallel_config=model._parallel_config,
             )
-        torch.save(dict(model=result, attn=o.clone(), lse=lse.clone()), f"{out}.{rank}")
+        saved = dict(model=result, attn=o.clone(), lse=lse.clone())
+        if mode == "ulysses":  # causal: whole sequences per rank, so it is supported
+            with torch.no_grad():
+                saved["causal"] = aiter_sage_attention(
+                    q[:, rows],
+                    k[:, rows],
+                    v[:, rows],
+                    is_causal=True,
+                    _parallel_config=model._parallel_config,
+                ).clone()
+        torch.save(saved, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
 

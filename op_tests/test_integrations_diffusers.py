@@ -163,6 +163,11 @@ def test_context_parallel_matches_single_process(mode, single_process_out, tmp_p
     assert (cp_lse - want_lse).abs().max() <= max(1.5 * single_err, 5e-2), single_err
     if mode == "ulysses":  # each rank runs whole sequences of half the heads: same numbers
         assert torch.equal(cp, single) and torch.equal(cp_lse, single_lse)
+        causal = torch.cat([r["causal"] for r in ranks], dim=1)
+        with torch.no_grad():
+            want_causal = aiter_diffusers.aiter_sage_attention(q, k, v, is_causal=True)
+        assert torch.equal(causal, want_causal)
+        assert_band(causal, truth(q, k, v, is_causal=True)[0])
 
 
 # ------------------------------------------------------------------------ the backend function

@@ -14,7 +14,8 @@ Every other call runs torch SDPA exactly as diffusers' ``native`` backend would 
 both together) through diffusers' templated context-parallel attention — the backend returns
 the natural-log LSE ``[B, S, H]`` that ring attention merges partial results with. Under
 context parallelism GQA key/value heads are expanded to the query heads (diffusers' templated
-attention takes no GQA), and ``is_causal`` raises diffusers' own error (its ring loop has no
+attention takes no GQA); ``is_causal`` works with Ulysses alone (every rank then attends over
+whole sequences) and raises diffusers' own error with ring attention (its ring loop has no
 causal rule). Inference only: the context-parallel backward raises.
 
 The hook: diffusers 0.42.1 has no documented way to add a backend *name*: ``set_attention_backend``
@@ -140,6 +141,25 @@ def aiter_sage_attention(
         key = key.repeat_interleave(hq // hkv, dim=2)
         value = value.repeat_interleave(hq // hkv, dim=2)
         enable_gqa = False
+    cp = _parallel_config.context_parallel_config
+    if is_causal and cp.ring_degree == 1 and not cp.ulysses_anything:
+        # Ulysses alone: after the all-to-all every rank holds whole sequences (of some heads),
+        # so the causal rule is the single-process one. diffusers' dispatcher refuses causal
+        # for every templated mode; ring attention (no causal rule per step) still does.
+        return ad.TemplatedUlyssesAttention.apply(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            _forward_op,
+            _backward_op,
+            _parallel_config,
+        )
     return ad._templated_context_parallel_attention(
         query,
         key,
