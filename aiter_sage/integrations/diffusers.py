@@ -1,0 +1,198 @@
+"""The ``"aiter_sage"`` attention backend for diffusers (tested with diffusers 0.42.1).
+
+    import aiter_sage.integrations.diffusers  # registers the backend
+    pipe.transformer.set_attention_backend("aiter_sage")
+    # or, for a block of code:
+    from diffusers import attention_backend
+    with attention_backend("aiter_sage"):
+        image = pipe(...).images[0]
+
+What it does: BF16/FP16 calls with D a multiple of 8 up to 128 and no mask or dropout run the
+SageAttention kernels (with K smoothing); GQA (fewer key/value heads) and ``is_causal`` too.
+Every other call runs torch SDPA exactly as diffusers' ``native`` backend would (2-D
+``[B, Skv]`` masks are broadcast the same way). Context parallelism: Ulysses and ring (and
+both together) through diffusers' templated context-parallel attention — the backend returns
+the natural-log LSE ``[B, S, H]`` that ring attention merges partial results with. Under
+context parallelism GQA key/value heads are expanded to the query heads (diffusers' templated
+attention takes no GQA); ``is_causal`` works with Ulysses alone (every rank then attends over
+whole sequences) and raises diffusers' own error with ring attention (its ring loop has no
+causal rule). Inference only: the context-parallel backward raises.
+
+The hook: diffusers 0.42.1 has no documented way to add a backend *name*: ``set_attention_backend``
+and ``attention_backend`` accept only members of ``AttentionBackendName``. :func:`register`
+adds one member, ``AITER_SAGE = "aiter_sage"``, to that enum (what ``aenum.extend_enum``
+does) and registers the function with ``_AttentionBackendRegistry.register(name, constraints,
+supports_context_parallel=True)``, diffusers' own registration decorator. Setting
+``DIFFUSERS_ATTN_BACKEND=aiter_sage`` does not work (diffusers reads it before this module
+can run); use ``set_attention_backend`` or ``attention_backend``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from . import router
+
+BACKEND_NAME = "aiter_sage"
+_MEMBER_NAME = "AITER_SAGE"
+
+
+def _extend_str_enum(enum_cls, name: str, value: str):
+    """Add member ``name = value`` to a ``(str, Enum)`` class (idempotent); returns it."""
+    existing = enum_cls._value2member_map_.get(value)
+    if existing is not None:
+        return existing
+    member = str.__new__(enum_cls, value)
+    member._name_ = name
+    member._value_ = value
+    member.__objclass__ = enum_cls
+    if sys.version_info >= (3, 11):
+        member._sort_order_ = len(enum_cls._member_names_)
+    enum_cls._member_names_.append(name)
+    enum_cls._member_map_[name] = member
+    enum_cls._value2member_map_[value] = member
+    type.__setattr__(enum_cls, name, member)
+    return member
+
+
+def _broadcast_mask(attn_mask, query, key):
+    # diffusers' native backend: a [B, Skv] mask means [B, 1, 1, Skv] (SDPA would read it as
+    # [Sq, Skv]).
+    if (
+        attn_mask is not None
+        and attn_mask.ndim == 2
+        and attn_mask.shape[0] == query.shape[0]
+        and attn_mask.shape[1] == key.shape[1]
+    ):
+        attn_mask = attn_mask[:, None, None, :]
+    return attn_mask
+
+
+def _attention_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, return_lse):
+    """[B, S, H, D] attention through the router; the LSE as diffusers wants it, [B, S, H]."""
+    gqa = query.dim() == 4 and key.dim() == 4 and query.shape[2] != key.shape[2]
+    res = router.attention(
+        query,
+        key,
+        value,
+        layout="NHD",
+        attn_mask=_broadcast_mask(attn_mask, query, key),
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=gqa,
+        smooth_k=True,
+        return_lse=return_lse,
+        where="aiter_sage diffusers backend",
+    )
+    if not return_lse:
+        return res
+    out, lse = res
+    return out, lse.permute(0, 2, 1).contiguous()
+
+
+def _forward_op(
+    ctx,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    return_lse=False,
+    _save_ctx=True,
+    _parallel_config=None,
+):
+    """One step of diffusers' templated context-parallel attention (ring calls it with
+    return_lse=True at every step)."""
+    return _attention_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, return_lse)
+
+
+def _backward_op(ctx, grad_out, *args, **kwargs):
+    raise NotImplementedError("aiter_sage attention is inference-only (no backward)")
+
+
+def aiter_sage_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    _parallel_config=None,
+):
+    """The backend: ``[B, S, H, D]`` in and out; with ``return_lse`` also the natural-log LSE,
+    FP32 ``[B, S, H]``."""
+    if _parallel_config is None:
+        return _attention_bshd(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, return_lse
+        )
+    from diffusers.models import attention_dispatch as ad
+
+    hq, hkv = query.shape[2], key.shape[2]
+    if hq != hkv and hq % hkv == 0:  # templated attention takes no GQA: expand K/V heads
+        key = key.repeat_interleave(hq // hkv, dim=2)
+        value = value.repeat_interleave(hq // hkv, dim=2)
+        enable_gqa = False
+    cp = _parallel_config.context_parallel_config
+    if is_causal and cp.ring_degree == 1 and not cp.ulysses_anything:
+        # Ulysses alone: after the all-to-all every rank holds whole sequences (of some heads),
+        # so the causal rule is the single-process one. diffusers' dispatcher refuses causal
+        # for every templated mode; ring attention (no causal rule per step) still does.
+        return ad.TemplatedUlyssesAttention.apply(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            return_lse,
+            _forward_op,
+            _backward_op,
+            _parallel_config,
+        )
+    return ad._templated_context_parallel_attention(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        return_lse,
+        forward_op=_forward_op,
+        backward_op=_backward_op,
+        _parallel_config=_parallel_config,
+    )
+
+
+_registered = None
+
+
+def register():
+    """Register the ``"aiter_sage"`` backend with diffusers (idempotent); returns its
+    ``AttentionBackendName`` member."""
+    global _registered
+    if _registered is not None:
+        return _registered
+    from diffusers.models import attention_dispatch as ad
+
+    member = _extend_str_enum(ad.AttentionBackendName, _MEMBER_NAME, BACKEND_NAME)
+    ad._AttentionBackendRegistry.register(member, constraints=[], supports_context_parallel=True)(
+        aiter_sage_attention
+    )
+    _registered = member
+    return member
+
+
+register()

@@ -1,0 +1,429 @@
+"""Routing attention calls: the kernels where they can serve a call, torch SDPA where not.
+
+Two entry points share one router:
+
+* :func:`sageattn` — SageAttention's ``sageattn(q, k, v, tensor_layout="HND", ...)``;
+* :func:`sdpa` — a drop-in for ``torch.nn.functional.scaled_dot_product_attention``, and
+  :func:`route_sdpa`, a context manager that routes a model's SDPA calls through it.
+
+A call goes to ``torch.ops.aiter.gfx1201_sage_attention`` only when every property the
+kernels need holds; the checks read only static properties (dtypes, ranks, head dims, devices,
+flags), so ``torch.compile(fullgraph=True)`` traces through them. Everything else — a mask,
+dropout, FP32, D > 128 or not a multiple of 8, a device no backend serves, head counts that
+are not a GQA group, inputs that need a gradient — runs through torch SDPA, with one log line
+per distinct reason. SDPA then raises whatever it raises for that call (a call SDPA accepts
+never raises here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .. import backends, jit_driver, ops, ref
+
+logger = jit_driver.logger
+
+_SAGE_DTYPES = (torch.bfloat16, torch.float16)
+# The original torch function, whatever F.scaled_dot_product_attention is later patched to.
+_TORCH_SDPA = torch._C._nn.scaled_dot_product_attention
+_LSE_CHUNK = 1024
+
+
+# ----------------------------------------------------------------------------------------------
+# Fallback log: one line per distinct reason (not while torch.compile traces: logging there
+# would break the graph).
+# ----------------------------------------------------------------------------------------------
+_logged: set = set()
+
+
+def _log_fallback(where: str, reason: str) -> None:
+    if torch.compiler.is_compiling():
+        return
+    key = (where, reason)
+    if key in _logged:
+        return
+    _logged.add(key)
+    logger.info("%s: %s; running torch SDPA for such calls", where, reason)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eligibility
+# ----------------------------------------------------------------------------------------------
+def _device_unsupported_uncached(device_type: str, index: int, backend: str) -> str:
+    dev = torch.device(device_type) if index < 0 else torch.device(device_type, index)
+    try:
+        b = backends.select(dev, backend or None)
+        target = b.target(dev)
+        if b.device_type == "cpu":
+            jit_driver.toolchain_for(target)
+    except (ValueError, jit_driver.CompilerNotFound) as e:
+        return f"no aiter_sage backend for {dev} ({e})"
+    return ""
+
+
+_device_cache: dict = {}
+
+
+def _assume_constant_result(fn):
+    """torch.compiler.assume_constant_result without importing torch._dynamo (2 s) at import
+    time: that function only sets this attribute; the public one is used when dynamo is
+    already loaded. test_integrations_sdpa's fullgraph tests trace through the marked call."""
+    if "torch._dynamo" in sys.modules:
+        return torch.compiler.assume_constant_result(fn)
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
+def _device_unsupported(device_type: str, index: int, backend: str) -> str:
+    """'' when a backend serves tensors on this device, else why not (cached per device,
+    requested backend and $AITER_SAGE_BACKEND)."""
+    key = (device_type, index, backend, os.environ.get(backends.ENV_BACKEND, ""))
+    if key not in _device_cache:
+        _device_cache[key] = _device_unsupported_uncached(device_type, index, backend)
+    return _device_cache[key]
+
+
+def fallback_reason(
+    q, k, v, *, layout: str, attn_mask=None, dropout_p=0.0, scale=None, gqa_ok=True, backend=None
+) -> Optional[str]:
+    """None when the kernels serve the call, else the reason (static properties only).
+
+    ``layout``: "HND" ([B, H, S, D], SDPA's) or "NHD" ([B, S, H, D], the kernels'). ``gqa_ok``:
+    whether fewer key/value heads than query heads are allowed (SDPA: ``enable_gqa``)."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return "query/key/value are not all tensors"
+    if attn_mask is not None:
+        return "attn_mask is given (the kernels take no mask)"
+    if not (isinstance(dropout_p, (int, float)) and dropout_p == 0.0):
+        return "dropout_p > 0 (the kernels have no dropout)"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return "inputs are not 4-D"
+    if any(t.is_nested or t.layout != torch.strided for t in (q, k, v)):
+        return "nested or non-strided inputs"
+    if q.dtype not in _SAGE_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        return f"dtype {q.dtype}/{k.dtype}/{v.dtype} (the kernels take BF16 or FP16, one dtype)"
+    if k.device != q.device or v.device != q.device:
+        return "inputs on different devices"
+    d = q.shape[-1]
+    if k.shape[-1] != d or v.shape[-1] != d:
+        return "key/value head dims differ from the query's"
+    if not ref.head_dim_supported(d):
+        return f"head dim {d} (the kernels take multiples of 8 up to 128)"
+    h_ax, s_ax = (1, 2) if layout == "HND" else (2, 1)
+    hq, hkv = q.shape[h_ax], k.shape[h_ax]
+    if (
+        k.shape[0] != q.shape[0]
+        or v.shape[0] != q.shape[0]
+        or v.shape[h_ax] != hkv
+        or v.shape[s_ax] != k.shape[s_ax]
+    ):
+        return "query/key/value shapes do not line up"
+    if hq % hkv != 0:
+        return f"{hq} query heads are not a multiple of {hkv} key/value heads"
+    if hq != hkv and not gqa_ok:
+        return "fewer key/value heads than query heads without enable_gqa"
+    if any(n == 0 for t in (q, k, v) for n in t.shape):
+        return "empty inputs"
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+        return "scale is not a positive finite number"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return "inputs require grad (the kernels are inference-only)"
+    why = _device_unsupported(
+        q.device.type, -1 if q.device.index is None else q.device.index, backend or ""
+    )
+    return why or None
+
+
+# ----------------------------------------------------------------------------------------------
+# The two paths
+# ----------------------------------------------------------------------------------------------
+def _to_nhd(t, layout):
+    t = t.transpose(1, 2) if layout == "HND" else t
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def kernel_attention(q, k, v, *, layout, is_causal, scale, smooth_k, return_lse, backend=None):
+    """The kernels on an eligible call; output in ``layout``, LSE FP32 [B, Hq, Sq]."""
+    if not torch.compiler.is_compiling():
+        ops._register()
+    qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
+    scale = None if scale is None else float(scale)
+    kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
+    aiter = torch.ops.aiter
+    if return_lse and smooth_k:
+        # The LSE must be that of the unsmoothed scores (ring attention merges with it). The
+        # kernels' own smooth_k LSE term is not applied by every module yet, so smooth here:
+        # K minus its per-(batch, head, channel) mean, then add scale * q . mean back.
+        mean = kn.float().mean(dim=1, keepdim=True)  # [B, 1, Hkv, D]
+        kn = (kn.float() - mean).to(kn.dtype)
+        kw["smooth_k"] = False
+        out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
+        group = qn.shape[2] // kn.shape[2]
+        mean = mean[:, 0].repeat_interleave(group, dim=1)  # [B, Hq, D]
+        s = qn.shape[-1] ** -0.5 if scale is None else scale
+        lse = lse + torch.einsum("bshd,bhd->bhs", qn.float(), mean) * s
+    elif return_lse:
+        out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
+    else:
+        out, lse = aiter.gfx1201_sage_attention(qn, kn, vn, scale, **kw), None
+    if layout == "HND":
+        out = out.transpose(1, 2)
+    return (out, lse) if return_lse else out
+
+
+def torch_sdpa():
+    """Torch's SDPA: the function route_sdpa found on entry, else the current one (never ours)."""
+    fn = _saved_sdpa if _saved_sdpa is not None else F.scaled_dot_product_attention
+    return _TORCH_SDPA if fn is sdpa else fn
+
+
+def torch_lse(q, k, *, scale=None, is_causal=False, attn_mask=None, chunk=_LSE_CHUNK):
+    """Natural-log LSE of the scaled scores, FP32 [B, Hq, Sq], from [B, H, S, D] inputs, in
+    query chunks (SDPA's masking rules: a boolean mask keeps True, a float mask is added;
+    causal is top-left aligned; GQA groups consecutive query heads)."""
+    d = q.shape[-1]
+    scale = d**-0.5 if scale is None else float(scale)
+    qf, kf = q.float(), k.float()
+    if kf.shape[-3] != qf.shape[-3]:
+        kf = kf.repeat_interleave(qf.shape[-3] // kf.shape[-3], dim=-3)
+    sq, skv = qf.shape[-2], kf.shape[-2]
+    out = []
+    for i in range(0, sq, chunk):
+        s = (qf[..., i : i + chunk, :] @ kf.transpose(-1, -2)) * scale
+        if is_causal:
+            rows = torch.arange(i, i + s.shape[-2], device=s.device)[:, None]
+            cols = torch.arange(skv, device=s.device)[None, :]
+            s = s.masked_fill(cols > rows, -math.inf)
+        if attn_mask is not None:
+            m = attn_mask
+            if m.dim() >= 2 and m.shape[-2] != 1:
+                m = m[..., i : i + chunk, :]
+            s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m.float()
+        out.append(torch.logsumexp(s, dim=-1))
+    return torch.cat(out, dim=-1)
+
+
+def sdpa_fallback(q, k, v, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse):
+    """Torch SDPA on [B, H, S, D] (and the LSE computed with torch when asked)."""
+    kw = {} if not enable_gqa else {"enable_gqa": True}
+    out = torch_sdpa()(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw
+    )
+    if not return_lse:
+        return out
+    with torch.no_grad():
+        lse = torch_lse(q, k, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    return out, lse
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry points
+# ----------------------------------------------------------------------------------------------
+def attention(
+    q,
+    k,
+    v,
+    *,
+    layout="HND",
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=True,
+    smooth_k=True,
+    return_lse=False,
+    backend=None,
+    where="aiter_sage",
+):
+    """The router on ``layout`` tensors ("HND" [B, H, S, D] or "NHD" [B, S, H, D]): kernels or
+    SDPA. Returns the output in ``layout`` (and the LSE, FP32 [B, Hq, Sq])."""
+    why = fallback_reason(
+        q,
+        k,
+        v,
+        layout=layout,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        gqa_ok=enable_gqa,
+        backend=backend,
+    )
+    if why is None:
+        return kernel_attention(
+            q,
+            k,
+            v,
+            layout=layout,
+            is_causal=is_causal,
+            scale=scale,
+            smooth_k=smooth_k,
+            return_lse=return_lse,
+            backend=backend,
+        )
+    _log_fallback(where, why)
+    if layout == "NHD":
+        q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    res = sdpa_fallback(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        return_lse=return_lse,
+    )
+    if layout == "NHD":
+        if return_lse:
+            return res[0].transpose(1, 2), res[1]
+        return res.transpose(1, 2)
+    return res
+
+
+def sageattn(
+    q,
+    k,
+    v,
+    tensor_layout="HND",
+    is_causal=False,
+    sm_scale=None,
+    return_lse=False,
+    smooth_k=True,
+    attn_mask=None,
+    **kwargs,
+):
+    """SageAttention's ``sageattn`` on RDNA4 / CPU: INT8 Q·Kᵀ, FP8 P·V.
+
+    ``tensor_layout``: "HND" ([B, H, S, D]) or "NHD" ([B, S, H, D]); q has Hq heads, k and v
+    Hkv (Hq a multiple of Hkv). ``sm_scale`` defaults to D**-0.5; ``smooth_k`` subtracts the
+    keys' mean before quantizing (the softmax is unchanged). Returns the output in q's layout
+    and dtype; with ``return_lse`` also the natural-log LSE of the scaled scores, FP32
+    ``[B, Hq, Sq]``. Calls the kernels cannot serve (``attn_mask``, ``dropout_p`` > 0 in
+    kwargs, FP32, D > 128 or not a multiple of 8, an unsupported device, head counts that are
+    not a GQA group) run through torch SDPA. SageAttention's tuning keywords
+    (``qk_quant_gran``, ``pv_accum_dtype``, ``smooth_v``, ...) are accepted and ignored;
+    ``backend=`` picks an aiter_sage backend ("cpu", "emu", "gfx12").
+    """
+    if tensor_layout not in ("HND", "NHD"):
+        raise ValueError(f"Unsupported tensor layout: {tensor_layout!r} (use 'HND' or 'NHD')")
+    h_ax = 1 if tensor_layout == "HND" else 2
+    # SageAttention groups query heads by itself; SDPA needs enable_gqa for that.
+    gqa = all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)) and bool(
+        q.shape[h_ax] != k.shape[h_ax]
+    )
+    return attention(
+        q,
+        k,
+        v,
+        layout=tensor_layout,
+        attn_mask=attn_mask,
+        dropout_p=kwargs.get("dropout_p", 0.0),
+        is_causal=is_causal,
+        scale=sm_scale,
+        enable_gqa=gqa,
+        smooth_k=smooth_k,
+        return_lse=return_lse,
+        backend=kwargs.get("backend"),
+        where="aiter_sage.sageattn",
+    )
+
+
+def sageattn_keywords(
+    q,
+    k,
+    v,
+    *,
+    tensor_layout="HND",
+    is_causal=False,
+    sm_scale=None,
+    return_lse=False,
+    smooth_k=True,
+    attn_mask=None,
+    **kwargs,
+):
+    """:func:`sageattn` taking everything after q, k, v by keyword: what the sageattention
+    shim offers under SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp16_triton``,
+    ...), whose positional orders differ from ``sageattn``'s (a positional option raises
+    TypeError rather than being read as another one)."""
+    return sageattn(
+        q,
+        k,
+        v,
+        tensor_layout=tensor_layout,
+        is_causal=is_causal,
+        sm_scale=sm_scale,
+        return_lse=return_lse,
+        smooth_k=smooth_k,
+        attn_mask=attn_mask,
+        **kwargs,
+    )
+
+
+def sdpa(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+):
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` ([B, H, S, D]).
+
+    Eligible calls (no mask, no dropout, BF16/FP16, D a multiple of 8 up to 128, a device an
+    aiter_sage backend serves, no gradient needed) run the SageAttention kernels with K
+    smoothing; the rest run torch's SDPA unchanged. The output of a kernel call is a
+    [B, H, S, D] view of a [B, S, H, D] tensor (as the output of a flash SDPA backend is)."""
+    return attention(
+        query,
+        key,
+        value,
+        layout="HND",
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        smooth_k=True,
+        return_lse=False,
+        where="aiter_sage.sdpa",
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# route_sdpa: patch F.scaled_dot_product_attention for the duration (nesting-safe)
+# ----------------------------------------------------------------------------------------------
+_patch_lock = threading.Lock()
+_patch_depth = 0
+_saved_sdpa = None  # the function the outermost route_sdpa replaced
+
+
+@contextlib.contextmanager
+def route_sdpa():
+    """Route ``torch.nn.functional.scaled_dot_product_attention`` through :func:`sdpa` while
+    the block runs; restores the previous function on leaving the outermost block."""
+    global _patch_depth, _saved_sdpa
+    with _patch_lock:
+        if _patch_depth == 0:
+            _saved_sdpa = F.scaled_dot_product_attention
+            F.scaled_dot_product_attention = sdpa
+        _patch_depth += 1
+    try:
+        yield sdpa
+    finally:
+        with _patch_lock:
+            _patch_depth -= 1
+            if _patch_depth == 0:
+                F.scaled_dot_product_attention = _saved_sdpa
+                _saved_sdpa = None

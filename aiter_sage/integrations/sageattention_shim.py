@@ -1,0 +1,143 @@
+"""``from sageattention import sageattn`` gets aiter_sage's where SageAttention is not installed.
+
+Opt-in, two ways:
+
+* in a program, before the import: ``aiter_sage.integrations.enable_sageattention_shim()``;
+* for every Python start of this environment (ComfyUI's ``--use-sage-attention``, scripts you
+  do not edit): ``python3 -m aiter_sage.integrations.sageattention_shim install`` writes a
+  ``.pth`` file into site-packages (``uninstall`` removes it; ``--site-dir DIR`` picks
+  another site directory).
+
+Either way a finder goes at the *end* of ``sys.meta_path`` and answers only for the top-level
+name ``sageattention``, only after every other finder said it has none: a real SageAttention
+install always wins. The module it provides exposes :func:`aiter_sage.sageattn` as
+``sageattn``, SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp8_cuda``, ...) with
+their options keyword-only, and ``__aiter_sage_shim__ = True``. Not provided:
+``sageattn_varlen`` and the ``sageattention.core`` submodule.
+
+This file imports neither torch nor aiter_sage: the ``.pth`` line runs it by its path at every
+interpreter start, and only the ``import sageattention`` it answers loads aiter_sage.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+NAME = "sageattention"
+PTH_NAME = "aiter_sage_sageattention_shim.pth"
+# SageAttention's per-kernel entry points that nodes import next to sageattn; here they all
+# run aiter_sage's kernels and take their options by keyword only (their positional orders
+# differ from sageattn's).
+KEYWORD_VARIANTS = (
+    "sageattn_qk_int8_pv_fp16_triton",
+    "sageattn_qk_int8_pv_fp16_cuda",
+    "sageattn_qk_int8_pv_fp8_cuda",
+    "sageattn_qk_int8_pv_fp8_cuda_sm90",
+)
+_MARK = "_aiter_sage_sageattention_shim"
+_BOOT = "_aiter_sage_sageattention_shim_boot"  # module name the .pth runs this file under
+
+
+class _ShimLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        from aiter_sage.integrations.router import sageattn, sageattn_keywords
+
+        module.sageattn = sageattn
+        for name in KEYWORD_VARIANTS:
+            setattr(module, name, sageattn_keywords)
+        module.__aiter_sage_shim__ = True
+        module.__all__ = ["sageattn", *KEYWORD_VARIANTS]
+
+
+class SageAttentionShimFinder(importlib.abc.MetaPathFinder):
+    """Provides ``sageattention`` when no other finder on ``sys.meta_path`` can."""
+
+    _aiter_sage_sageattention_shim = True
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != NAME:
+            return None
+        for finder in list(sys.meta_path):
+            if getattr(finder, _MARK, False):
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is not None and find(fullname, path, target) is not None:
+                return None  # a real SageAttention: the normal import finds it
+        return importlib.util.spec_from_loader(
+            NAME, _ShimLoader(), origin="aiter_sage (sageattention shim)"
+        )
+
+
+def enable_sageattention_shim() -> bool:
+    """Let ``import sageattention`` load aiter_sage's ``sageattn`` when SageAttention itself is
+    not installed. Idempotent; returns True if the finder was added by this call."""
+    if any(getattr(f, _MARK, False) for f in sys.meta_path):
+        return False
+    sys.meta_path.append(SageAttentionShimFinder())
+    return True
+
+
+def disable_sageattention_shim() -> bool:
+    """Remove the finder (an already imported shim module stays in sys.modules)."""
+    found = [f for f in sys.meta_path if getattr(f, _MARK, False)]
+    for f in found:
+        sys.meta_path.remove(f)
+    return bool(found)
+
+
+def pth_line(path: str = __file__) -> str:
+    """The .pth line: runs this file (not the aiter_sage package) and enables the shim; a
+    missing file (aiter_sage moved or removed) is skipped."""
+    p = os.path.abspath(path)
+    return (
+        f"import os; p = {p!r}; os.path.exists(p) and exec(compile(open(p).read(), p, 'exec'), "
+        f"{{'__name__': {_BOOT!r}, '__file__': p}})\n"
+    )
+
+
+def _default_site_dir() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
+
+
+def install(site_dir: str | None = None) -> str:
+    """Write the .pth file into site_dir (default: this interpreter's site-packages)."""
+    target = os.path.join(site_dir or _default_site_dir(), PTH_NAME)
+    with open(target, "w") as f:
+        f.write(pth_line())
+    return target
+
+
+def uninstall(site_dir: str | None = None) -> str:
+    target = os.path.join(site_dir or _default_site_dir(), PTH_NAME)
+    if os.path.exists(target):
+        os.remove(target)
+    return target
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python3 -m aiter_sage.integrations.sageattention_shim",
+        description="Make `import sageattention` load aiter_sage where SageAttention is absent.",
+    )
+    ap.add_argument("action", choices=("install", "uninstall"))
+    ap.add_argument("--site-dir", default=None, help="site directory (default: site-packages)")
+    a = ap.parse_args(argv)
+    path = (install if a.action == "install" else uninstall)(a.site_dir)
+    print(f"{a.action}ed {path}")
+    return 0
+
+
+if __name__ == _BOOT:
+    enable_sageattention_shim()
+elif __name__ == "__main__":
+    sys.exit(main())
