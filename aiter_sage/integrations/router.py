@@ -159,19 +159,7 @@ def kernel_attention(q, k, v, *, layout, is_causal, scale, smooth_k, return_lse,
     scale = None if scale is None else float(scale)
     kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
     aiter = torch.ops.aiter
-    if return_lse and smooth_k:
-        # The LSE must be that of the unsmoothed scores (ring attention merges with it). The
-        # kernels' own smooth_k LSE term is not applied by every module yet, so smooth here:
-        # K minus its per-(batch, head, channel) mean, then add scale * q . mean back.
-        mean = kn.float().mean(dim=1, keepdim=True)  # [B, 1, Hkv, D]
-        kn = (kn.float() - mean).to(kn.dtype)
-        kw["smooth_k"] = False
-        out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
-        group = qn.shape[2] // kn.shape[2]
-        mean = mean[:, 0].repeat_interleave(group, dim=1)  # [B, Hq, D]
-        s = qn.shape[-1] ** -0.5 if scale is None else scale
-        lse = lse + torch.einsum("bshd,bhd->bhs", qn.float(), mean) * s
-    elif return_lse:
+    if return_lse:
         out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
     else:
         out, lse = aiter.gfx1201_sage_attention(qn, kn, vn, scale, **kw), None
