@@ -23,29 +23,42 @@ def inputs(b, sq, skv, hq, hkv, d, dtype, seed):
 def main():
     t0 = time.time()
     ok = True
-    for (b, sq, skv, hq, hkv, d, dt, sm) in [
+    for b, sq, skv, hq, hkv, d, dt, sm in [
         (1, 300, 300, 2, 2, 128, torch.bfloat16, False),
         (2, 77, 200, 4, 2, 64, torch.float16, True),
         (1, 129, 129, 2, 1, 96, torch.bfloat16, True),
     ]:
         q, k, v = inputs(b, sq, skv, hq, hkv, d, dt, 1)
-        got = aiter_sage.gfx1201_sage_prepare(q.cuda(), k.cuda(), v.cuda(), backend="cuda",
-                                              smooth_k=sm) if sm else \
-            aiter_sage.gfx1201_sage_prepare(q.cuda(), k.cuda(), v.cuda(), backend="cuda")
+        got = (
+            aiter_sage.gfx1201_sage_prepare(
+                q.cuda(), k.cuda(), v.cuda(), backend="cuda", smooth_k=sm
+            )
+            if sm
+            else aiter_sage.gfx1201_sage_prepare(q.cuda(), k.cuda(), v.cuda(), backend="cuda")
+        )
         want = ref.prepare(q, k, v, smooth_k=sm)
-        same = all(torch.equal(a.cpu().view(torch.uint8) if a.dtype != torch.float32 else a.cpu(),
-                               w.view(torch.uint8) if w.dtype != torch.float32 else w)
-                   for a, w in zip(got, want))
-        print(f"prepare b={b} sq={sq} skv={skv} hq={hq} hkv={hkv} d={d} {dt} smooth={sm}: "
-              f"{'bit-exact' if same else 'MISMATCH'}")
+        same = all(
+            torch.equal(
+                a.cpu().view(torch.uint8) if a.dtype != torch.float32 else a.cpu(),
+                w.view(torch.uint8) if w.dtype != torch.float32 else w,
+            )
+            for a, w in zip(got, want)
+        )
+        print(
+            f"prepare b={b} sq={sq} skv={skv} hq={hq} hkv={hkv} d={d} {dt} smooth={sm}: "
+            f"{'bit-exact' if same else 'MISMATCH'}"
+        )
         ok &= same
         for causal in (False, True):
-            out = aiter_sage.gfx1201_sage_attention(q.cuda(), k.cuda(), v.cuda(), backend="cuda",
-                                                    is_causal=causal)
+            out = aiter_sage.gfx1201_sage_attention(
+                q.cuda(), k.cuda(), v.cuda(), backend="cuda", is_causal=causal
+            )
             r = ref.attention_fp32(q, k, v, is_causal=causal)
             acc = ref.accuracy(out.float(), r)
-            print(f"  attention causal={causal}: rel_l2={acc['rel_l2']:.4f} cos={acc['cosine']:.5f}"
-                  f" outside={acc['outside']:.4f} band={'ok' if ref.in_band(acc) else 'FAIL'}")
+            print(
+                f"  attention causal={causal}: rel_l2={acc['rel_l2']:.4f} cos={acc['cosine']:.5f}"
+                f" outside={acc['outside']:.4f} band={'ok' if ref.in_band(acc) else 'FAIL'}"
+            )
             ok &= ref.in_band(acc)
     for d in (128, 64):
         q, k, v = (t.cuda() for t in inputs(1, 16384, 16384, 24, 24, d, torch.bfloat16, 2))

@@ -21,10 +21,10 @@ import textwrap
 import pytest
 import torch
 
-from common import REPO, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
+import aiter_sage
 from aiter_sage import jit_driver, ref
 
-import aiter_sage
+from common import REPO, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
 
 
 def _nvcc_or_fail() -> str:
@@ -49,7 +49,9 @@ def _compile(module: str, extra: tuple[str, ...], tmp_path) -> str:
 def attention_build(tmp_path_factory):
     _nvcc_or_fail()
     tmp = tmp_path_factory.mktemp("cuda_attention")
-    log = _compile("module_gfx1201_sage_attention", ("-cubin", "--resource-usage", "-o", "a.cubin"), tmp)
+    log = _compile(
+        "module_gfx1201_sage_attention", ("-cubin", "--resource-usage", "-o", "a.cubin"), tmp
+    )
     _compile("module_gfx1201_sage_attention", ("-ptx", "-o", "a.ptx"), tmp)
     return log, (tmp / "a.ptx").read_text()
 
@@ -64,7 +66,9 @@ def test_attention_ptx_uses_wgmma(attention_build):
 
 def test_attention_has_no_spills(attention_build):
     log, _ = attention_build
-    frames = re.findall(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    frames = re.findall(
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log
+    )
     assert len(frames) >= 2, log  # the Dp = 64 and Dp = 128 kernels (each ring depth)
     assert all(f == ("0", "0", "0") for f in frames), log
 
@@ -94,7 +98,10 @@ def test_gpu_archs_parse_sm90():
     assert mods.parse_archs("sm_90; gfx1201") == ["sm_90", "gfx1201"]
     assert mods.parse_archs("sm_90a") == ["sm_90"]
     pairs = mods.modules_for_archs(["sm_90"])
-    assert pairs == [("module_gfx1201_sage_prepare", "sm_90"), ("module_gfx1201_sage_attention", "sm_90")]
+    assert pairs == [
+        ("module_gfx1201_sage_prepare", "sm_90"),
+        ("module_gfx1201_sage_attention", "sm_90"),
+    ]
     assert jit_driver.toolchain_for("sm_90").kind == "cuda"
     with pytest.raises(ValueError, match="Hopper"):
         jit_driver.toolchain_for("sm_80")
@@ -118,8 +125,9 @@ def test_cuda_is_the_automatic_backend():
     assert "cuda" in aiter_sage.available_backends()
     q, k, v = _inputs()
     out = aiter_sage.gfx1201_sage_attention(q, k, v)  # no backend named
-    torch.testing.assert_close(out, aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda"),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        out, aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda"), rtol=0, atol=0
+    )
 
 
 def test_non_default_stream():
@@ -163,13 +171,16 @@ def test_cuda_graph_capture_and_replay():
 def test_torch_compile_and_opcheck():
     _need_sm90()
     q, k, v = _inputs(seed=5, s=200)
-    f = torch.compile(lambda a, b, c: aiter_sage.gfx1201_sage_attention(a, b, c, backend="cuda"),
-                      fullgraph=True)
+    f = torch.compile(
+        lambda a, b, c: aiter_sage.gfx1201_sage_attention(a, b, c, backend="cuda"), fullgraph=True
+    )
     assert torch.equal(f(q, k, v), aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda"))
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v),
-                          {"backend": "cuda"})
-    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v),
-                          {"backend": "cuda"})
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v), {"backend": "cuda"}
+    )
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v), {"backend": "cuda"}
+    )
 
 
 SANITIZED = textwrap.dedent(
@@ -179,7 +190,9 @@ SANITIZED = textwrap.dedent(
     import aiter_sage
     g = torch.Generator().manual_seed(0)
     for d, causal in ((128, False), (64, True)):
-        q, k, v = (torch.randn(1, 200, 2, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+        q, k, v = (
+            torch.randn(1, 200, 2, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3)
+        )
         out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal,
                                                 smooth_k=True, return_lse=True)
     torch.cuda.synchronize()

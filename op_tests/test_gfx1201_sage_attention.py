@@ -159,7 +159,7 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     assert want[0, :, 1].all() and want[0, 32:64, 0].all() and want.sum() == sq + 32
     assert torch.equal(bad, want)
     # The other rows agree: with the model's 32-key tiles, except on cuda, whose 128-key tiles
-    # round P to e4m3 against another running max (see test_fwd_matches_the_model_at_the_kernel_tile).
+    # round P to e4m3 against another running max (test_fwd_matches_the_model_at_the_kernel_tile).
     limit = 0.025 if backend == "cuda" else 5e-3
     assert ref.accuracy(out[~want], model[~want])["rel_l2"] < limit
 

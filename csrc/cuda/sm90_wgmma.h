@@ -4,6 +4,8 @@
 #include <stdint.h>
 #define SAGE_WGMMA_DEVICE __device__ __forceinline__
 
+// The operand lists are laid out by the generator, not by clang-format.
+// clang-format off
 namespace sage {
 namespace sm90 {
 // D[64 x 128] (s32) = (accumulate ? D : 0) + A[64 x 32] . B[32 x 128], s8 x s8, both
@@ -55,3 +57,4 @@ SAGE_WGMMA_DEVICE void wgmma_m64n64k32_f32_e4m3(float (&d)[32], const uint32_t (
 
 }  // namespace sm90
 }  // namespace sage
+// clang-format on

@@ -42,8 +42,11 @@ import aiter_sage  # noqa: E402
 from aiter_sage import ref  # noqa: E402
 
 PROVIDERS = ("sage", "sage_core", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
-SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION",
-                 "sdpa_efficient": "EFFICIENT_ATTENTION"}
+SDPA_BACKENDS = {
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_efficient": "EFFICIENT_ATTENTION",
+}
 GPU_BACKENDS = ("gfx12", "cuda")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -116,9 +116,7 @@ SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
 
 // The gfx12 kernels call shuffles with every lane of the wave active (uniform control flow).
 SAGE_DEVICE int sage_shfl_xor(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
-SAGE_DEVICE float sage_shfl_xor(float v, int mask) {
-  return __shfl_xor_sync(0xffffffffu, v, mask);
-}
+SAGE_DEVICE float sage_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 SAGE_DEVICE int sage_swap_halves(int v) { return __shfl_xor_sync(0xffffffffu, v, 16); }
 SAGE_DEVICE float sage_swap_halves(float v) { return __shfl_xor_sync(0xffffffffu, v, 16); }
 SAGE_DEVICE int sage_readlane(int v, int lane) { return __shfl_sync(0xffffffffu, v, lane); }
@@ -141,8 +139,11 @@ struct sage_dim3 {
 template <class... KArgs, class... Args>
 inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads, void* stream,
                        Args... args) {
+  // A header is formatted as C++, which would split the launch brackets.
+  // clang-format off
   kernel<<<dim3(grid.x, grid.y, grid.z), dim3(threads), 0, static_cast<cudaStream_t>(stream)>>>(
       args...);
+  // clang-format on
   return static_cast<int>(cudaGetLastError());
 }
 
