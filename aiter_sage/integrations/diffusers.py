@@ -142,34 +142,16 @@ def aiter_sage_attention(
         value = value.repeat_interleave(hq // hkv, dim=2)
         enable_gqa = False
     cp = _parallel_config.context_parallel_config
+    args = (query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_lse)
     if is_causal and cp.ring_degree == 1 and not cp.ulysses_anything:
         # Ulysses alone: after the all-to-all every rank holds whole sequences (of some heads),
         # so the causal rule is the single-process one. diffusers' dispatcher refuses causal
         # for every templated mode; ring attention (no causal rule per step) still does.
         return ad.TemplatedUlyssesAttention.apply(
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            return_lse,
-            _forward_op,
-            _backward_op,
-            _parallel_config,
+            *args, _forward_op, _backward_op, _parallel_config
         )
     return ad._templated_context_parallel_attention(
-        query,
-        key,
-        value,
-        attn_mask,
-        dropout_p,
-        is_causal,
-        scale,
-        enable_gqa,
-        return_lse,
+        *args,
         forward_op=_forward_op,
         backward_op=_backward_op,
         _parallel_config=_parallel_config,
