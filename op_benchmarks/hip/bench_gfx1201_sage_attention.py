@@ -170,7 +170,12 @@ def run(args):
     batch = args.batch or defaults["batch"]
     heads = args.heads or defaults["heads"]
     seqs = args.seqs or defaults["seqs"]
-    providers = args.providers or list(PROVIDERS)
+    # torch's default SDPA everywhere; its pinned NVIDIA kernels (cuDNN, flash, efficient)
+    # only where they exist.
+    default = (
+        PROVIDERS if backend == "cuda" else tuple(p for p in PROVIDERS if p not in SDPA_BACKENDS)
+    )
+    providers = args.providers or list(default)
     dtype = DTYPES[args.dtype]
     d = args.head_dim
     if heads % args.gqa:

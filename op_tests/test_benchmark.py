@@ -1,0 +1,55 @@
+"""The README's main job, the benchmark, runs end to end with its default providers on the best
+backend present, and with every problem option; its accuracy columns hold the band. (Timings
+are the benchmark's business, not asserted here.)"""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from common import REPO, run_as_script
+
+BENCH = REPO / "op_benchmarks" / "hip" / "bench_gfx1201_sage_attention.py"
+TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "rows.csv"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *TINY, "--compare_to_ref", "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out) as f:
+        return list(csv.DictReader(f))
+
+
+def test_default_providers_run_and_are_in_band(tmp_path):
+    rows = _run(tmp_path, "-n", "2")
+    assert [r["provider"] for r in rows] == ["sage", "sage_core", "sdpa_bf16"]
+    assert all(r["in_band"] == "True" for r in rows), rows
+
+
+@pytest.mark.parametrize(
+    "options,expect",
+    [
+        (
+            ["-n", "4", "--gqa", "2", "--causal", "--dtype", "fp16", "--head_dim", "64"],
+            dict(H="4", gqa="2", causal="True", dtype="fp16", D="64"),
+        ),
+        (["-n", "1", "--head_dim", "72"], dict(D="72", causal="False", dtype="bf16")),
+    ],
+)
+def test_problem_options_are_columns(tmp_path, options, expect):
+    rows = _run(tmp_path, *options)
+    assert rows and all(r["in_band"] == "True" for r in rows), rows
+    for r in rows:
+        assert {k: r[k] for k in expect} == expect, r
+    assert rows[-1]["provider"] == f"sdpa_{expect.get('dtype', 'bf16')}"
+
+
+if __name__ == "__main__":
+    run_as_script(__file__)
