@@ -20,11 +20,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiter_sage import ref
+from aiter_sage import backends, ref
 from aiter_sage.integrations import router
 
 import integrations_flux as flux
-from common import run_as_script
+from common import run_as_script, skip_no_hardware
 
 DIFFUSERS_VERSION = "0.42.1"
 try:
@@ -105,10 +105,11 @@ def test_attention_backend_context_manager(single_process_out):
     assert torch.equal(out, single_process_out)
 
 
-def _cp_output(mode, tmp_path):
+def _cp_output(mode, tmp_path, device="cpu"):
     """What each rank of a 2-rank context-parallel run (Ulysses or ring) saved."""
     init, out = f"file://{tmp_path}/init", str(tmp_path / "out.pt")
-    if "fork" in multiprocessing.get_all_start_methods():
+    # Forking after CUDA is initialised is unsafe: GPU ranks start fresh.
+    if device == "cpu" and "fork" in multiprocessing.get_all_start_methods():
         # Forked ranks inherit the imported torch/diffusers/aiter_sage (seconds, not tens).
         ctx = multiprocessing.get_context("fork")
         procs = [ctx.Process(target=flux.worker, args=(mode, r, 2, init, out)) for r in (0, 1)]
@@ -135,6 +136,8 @@ def _cp_output(mode, tmp_path):
                     init,
                     "--out",
                     out,
+                    "--device",
+                    device,
                 ]
             )
             for r in (0, 1)
@@ -146,16 +149,32 @@ def _cp_output(mode, tmp_path):
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
 def test_context_parallel_matches_single_process(mode, single_process_out, tmp_path):
-    ranks = _cp_output(mode, tmp_path)
+    _check_context_parallel(mode, _cp_output(mode, tmp_path), single_process_out, "cpu")
+
+
+@pytest.mark.parametrize("mode", ["ulysses", "ring"])
+def test_context_parallel_on_two_gpus(mode, tmp_path):
+    """The same over NCCL, rank r on GPU r, against the one-GPU output (on two GPUs that a
+    backend serves, e.g. two H200s: the cuda backend)."""
+    if torch.cuda.device_count() < 2 or not backends.BY_NAME["cuda"].serves(torch.device("cuda")):
+        skip_no_hardware("two GPUs of a kind a backend serves")
+    with torch.no_grad():
+        single = flux.run(flux.build().to("cuda:0"), "aiter_sage", "cuda:0").cpu()
+    _check_context_parallel(mode, _cp_output(mode, tmp_path, "cuda"), single, "cuda:0")
+
+
+def _check_context_parallel(mode, ranks, single_process_out, device):
     # The model: every rank holds the gathered output.
     for r in ranks:
         assert r["model"].shape == single_process_out.shape
         assert_band(r["model"], single_process_out)
     # The attention op alone (peaky scores, GQA): the rows of both ranks together against the
     # single-process op, the FP32 truth, and the LSE of the scaled scores.
-    q, k, v = flux.attention_inputs()
+    q, k, v = flux.attention_inputs(device=device)
     with torch.no_grad():
         single, single_lse = aiter_diffusers.aiter_sage_attention(q, k, v, return_lse=True)
+    single, single_lse = single.cpu(), single_lse.cpu()
+    q, k, v = q.cpu(), k.cpu(), v.cpu()
     cp = torch.cat([r["attn"] for r in ranks], dim=1)
     cp_lse = torch.cat([r["lse"] for r in ranks], dim=1)
     want, want_lse = truth(q, k, v)
@@ -169,7 +188,9 @@ def test_context_parallel_matches_single_process(mode, single_process_out, tmp_p
         assert torch.equal(cp, single) and torch.equal(cp_lse, single_lse)
         causal = torch.cat([r["causal"] for r in ranks], dim=1)
         with torch.no_grad():
-            want_causal = aiter_diffusers.aiter_sage_attention(q, k, v, is_causal=True)
+            want_causal = aiter_diffusers.aiter_sage_attention(
+                *(t.to(device) for t in (q, k, v)), is_causal=True
+            ).cpu()
         assert torch.equal(causal, want_causal)
         assert_band(causal, truth(q, k, v, is_causal=True)[0])
 
