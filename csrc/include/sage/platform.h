@@ -96,24 +96,6 @@ SAGE_DEVICE int sage_lane_id() { return int(threadIdx.x) & 31; }
 SAGE_DEVICE int sage_wave_id() { return int(threadIdx.x) >> 5; }
 SAGE_DEVICE void sage_barrier() { __syncthreads(); }
 
-#define SAGE_LDS(type, name, count) __shared__ type name[count]
-template <class T, class L>
-SAGE_DEVICE T sage_lds_load(const L* lds, int byte_offset) {
-  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(lds) + byte_offset);
-}
-template <class T, class L>
-SAGE_DEVICE void sage_lds_store(L* lds, int byte_offset, T v) {
-  *reinterpret_cast<T*>(reinterpret_cast<char*>(lds) + byte_offset) = v;
-}
-template <class T>
-SAGE_DEVICE T sage_gload(const void* p, int64_t byte_offset) {
-  return *reinterpret_cast<const T*>(static_cast<const char*>(p) + byte_offset);
-}
-template <class T>
-SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
-  *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
-}
-
 // The gfx12 kernels call shuffles with every lane of the wave active (uniform control flow).
 SAGE_DEVICE int sage_shfl_xor(int v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 SAGE_DEVICE float sage_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -175,24 +157,6 @@ SAGE_DEVICE void sage_barrier() {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
   __builtin_amdgcn_s_barrier();
   __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-
-#define SAGE_LDS(type, name, count) __shared__ type name[count]
-template <class T, class L>
-SAGE_DEVICE T sage_lds_load(const L* lds, int byte_offset) {
-  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(lds) + byte_offset);
-}
-template <class T, class L>
-SAGE_DEVICE void sage_lds_store(L* lds, int byte_offset, T v) {
-  *reinterpret_cast<T*>(reinterpret_cast<char*>(lds) + byte_offset) = v;
-}
-template <class T>
-SAGE_DEVICE T sage_gload(const void* p, int64_t byte_offset) {
-  return *reinterpret_cast<const T*>(static_cast<const char*>(p) + byte_offset);
-}
-template <class T>
-SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
-  *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
 }
 
 // ds_bpermute addresses lanes in bytes.
@@ -272,4 +236,26 @@ inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned thread
   return static_cast<int>(hipGetLastError());
 }
 #endif                     // !SAGE_HIPRTC
+#endif
+
+// LDS and global memory access, the same on both GPU platforms (the emulator and the hiprtc
+// host half bring their own).
+#if !defined(SAGE_EMU) && !defined(SAGE_HIPRTC_HOST) && (defined(__CUDACC__) || defined(__HIP__))
+#define SAGE_LDS(type, name, count) __shared__ type name[count]
+template <class T, class L>
+SAGE_DEVICE T sage_lds_load(const L* lds, int byte_offset) {
+  return *reinterpret_cast<const T*>(reinterpret_cast<const char*>(lds) + byte_offset);
+}
+template <class T, class L>
+SAGE_DEVICE void sage_lds_store(L* lds, int byte_offset, T v) {
+  *reinterpret_cast<T*>(reinterpret_cast<char*>(lds) + byte_offset) = v;
+}
+template <class T>
+SAGE_DEVICE T sage_gload(const void* p, int64_t byte_offset) {
+  return *reinterpret_cast<const T*>(static_cast<const char*>(p) + byte_offset);
+}
+template <class T>
+SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
+  *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
+}
 #endif
