@@ -148,7 +148,7 @@ def _head_dim_pad(d):
     return ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
 
 
-def _prepare_shapes(query, key, value, pv_dtype="fp8"):
+def _prepare_shapes(query, key, pv_dtype="fp8"):
     """Shapes and dtypes of prepare's outputs (symbolic in S)."""
     b, sq, hq, d = query.shape
     hkv = key.shape[2]
@@ -174,7 +174,7 @@ def _fake_prepare(binding, a):
         a["pv_dtype"],
     )
     new = a["query"].new_empty
-    shapes = _prepare_shapes(a["query"], a["key"], None, a["pv_dtype"])
+    shapes = _prepare_shapes(a["query"], a["key"], a["pv_dtype"])
     return tuple(new(shape, dtype=dt) for shape, dt in shapes)
 
 

@@ -2,13 +2,11 @@
 
 Each feature is checked against an independent FP32 truth built from torch
 (``F.scaled_dot_product_attention`` in FP32 with ``is_causal``/``enable_gqa``, and
-``torch.logsumexp`` of the scaled scores for the LSE), in the band of aiter_sage/ref.py; the
-prepared tensors bit for bit against ref.prepare; the LSE also against ref.py's LSE of the
-quantized scores. Shapes stay small: the ``emu`` backend runs the gfx12 kernels on the
-wave emulator.
+``torch.logsumexp`` of the scaled scores for the LSE, ``ref.lse_fp32``), in the band of
+aiter_sage/ref.py; the prepared tensors bit for bit against ref.prepare; the LSE also against
+ref.py's LSE of the quantized scores. Shapes stay small: the ``emu`` backend runs the gfx12
+kernels on the wave emulator.
 """
-
-import math
 
 import pytest
 import torch
@@ -40,18 +38,6 @@ def sdpa_fp32(q, k, v, *, is_causal=False, scale=None):
         qt, kt, vt, is_causal=is_causal, scale=scale, enable_gqa=gqa
     )
     return out.transpose(1, 2)
-
-
-def lse_fp32(q, k, *, is_causal=False, scale=None):
-    """torch.logsumexp of the FP32 scaled scores, [B, Hq, Sq]."""
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    qt = q.float().cpu().transpose(1, 2)
-    kt = k.float().cpu().transpose(1, 2).repeat_interleave(q.shape[2] // k.shape[2], dim=1)
-    s = qt @ kt.transpose(-1, -2) * scale
-    if is_causal:
-        sq, skv = s.shape[-2:]
-        s = s.masked_fill(torch.ones(sq, skv, dtype=torch.bool).triu(1), -math.inf)
-    return torch.logsumexp(s, dim=-1)
 
 
 def run(backend, q, k, v, **kw):
@@ -170,7 +156,7 @@ def test_lse(backend, sq, skv, hq, hkv, d, causal):
     assert (lse - want).abs().max() <= 1e-4, (lse - want).abs().max()
     # INT8 scores move the LSE by a few 1e-3 on randn inputs. A causal row that sees few keys
     # keeps the quantization error of those few scores (row 0: one score, no averaging).
-    err = (lse - lse_fp32(q, k, is_causal=causal)).abs()
+    err = (lse - ref.lse_fp32(q, k, is_causal=causal)).abs()
     many_keys = torch.arange(sq) + 1 >= 64 if causal else torch.ones(sq, dtype=torch.bool)
     assert err[..., many_keys].max() <= 1e-2, err[..., many_keys].max()
     assert err.max() <= 5e-2, err.max()
@@ -185,7 +171,7 @@ def test_lse_of_fwd_padded_rows(backend):
         out, lse = aiter.gfx1201_sage_attention_fwd(*prep, 40, return_lse=True, backend=backend)
     lse = lse.cpu()
     assert lse.shape == (1, 1, 64) and torch.isneginf(lse[..., 40:]).all()
-    assert (lse[..., :40] - lse_fp32(q, k)).abs().max() <= 1e-2
+    assert (lse[..., :40] - ref.lse_fp32(q, k)).abs().max() <= 1e-2
 
 
 # ---------------------------------------------------------------------------------- smoothing
@@ -201,7 +187,7 @@ def test_smooth_k_on_offset_keys(backend, d):
     """A large per-channel K offset: smoothing cuts the error, and its LSE is the LSE of the
     unsmoothed scores (the mean's term added back)."""
     q, k, v = make(1, 256, 256, 2, 2, d, seed=d + 1, k_offset=8.0)
-    truth, truth_lse = sdpa_fp32(q, k, v), lse_fp32(q, k)
+    truth, truth_lse = sdpa_fp32(q, k, v), ref.lse_fp32(q, k)
     plain, plain_lse = run(backend, q, k, v, return_lse=True)
     smooth, smooth_lse = run(backend, q, k, v, return_lse=True, smooth_k=True)
     e_plain = ref.accuracy(plain, truth)["rel_l2"]
