@@ -54,14 +54,9 @@ def _check_namespace_free() -> None:
             )
 
 
-def select_target(device: str, backend: str) -> str:
-    """Build target for a tensor device and a requested backend ('' = automatic)."""
-    return backends.target_for(device, backend)
-
-
 def _resolve_module(name: str, device: str, backend: str) -> str:
     """Called by the binding on the first use of (module, device, backend)."""
-    return str(jit_driver.ensure_module(name, select_target(device, backend)))
+    return str(jit_driver.ensure_module(name, backends.target_for(device, backend)))
 
 
 def _load_binding():
@@ -109,10 +104,6 @@ def binding():
 # tensors, so torch.compile and mixed-device calls obey the same rules as the kernels; then
 # empty outputs whose shapes stay symbolic.
 # ----------------------------------------------------------------------------------------------
-def _check_backend_name(backend) -> None:
-    backends.requested(backend)
-
-
 def _padded(n):
     """S rounded up to 32 (works on SymInts: the fakes keep dynamic shapes symbolic)."""
     return (n + ref.SEQ_ALIGN - 1) // ref.SEQ_ALIGN * ref.SEQ_ALIGN
@@ -228,7 +219,7 @@ def _register_fakes(binding) -> None:
 
         def fake(*args, **kwargs):
             a = sig.bind(args, kwargs)
-            _check_backend_name(a["backend"])
+            backends.requested(a["backend"])  # an unknown name raises
             return body(binding, a)
 
         torch.library.register_fake(f"aiter::{sig.name}")(fake)
