@@ -40,10 +40,10 @@ def small_qkv():
 
 
 def modules_loaded_for(backend: str) -> dict[str, str]:
-    """{key: info} of the modules the binding loaded for calls that asked for `backend` (the
-    requested backend is one '|'-separated field of the key)."""
+    """{key: info} of the modules the binding loaded for calls that asked for `backend` (keys
+    are "module|device|requested backend": the device field can also read "cpu")."""
     loaded = aiter_sage.ops.binding().loaded_modules()
-    return {key: info for key, info in loaded if backend in key.split("|")}
+    return {key: info for key, info in loaded if key.split("|")[2] == backend}
 
 
 @pytest.mark.parametrize("backend", ["cpu", "emu"])
