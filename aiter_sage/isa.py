@@ -128,6 +128,7 @@ class LoopMix:
     instructions: int = 0
     wmma_iu8: int = 0
     wmma_fp8: int = 0
+    wmma_f16: int = 0  # 16-bit WMMA (FP16 P·V): twice the clocks of an 8-bit one
     wmma_other: int = 0
     valu: int = 0
     trans: int = 0
@@ -144,15 +145,21 @@ class LoopMix:
 
     @property
     def wmma(self) -> int:
-        return self.wmma_iu8 + self.wmma_fp8 + self.wmma_other
+        return self.wmma_iu8 + self.wmma_fp8 + self.wmma_f16 + self.wmma_other
+
+    def wmma_clocks(self, wmma_cycles: int = 8) -> int:
+        """SIMD clocks of the loop's WMMAs: `wmma_cycles` per 8-bit one, twice that per 16-bit
+        one (the FP16 rate is half the 8-bit rate: 1024 vs 2048 ops/clk/CU)."""
+        return (self.wmma - self.wmma_f16) * wmma_cycles + self.wmma_f16 * 2 * wmma_cycles
 
     def wmma_cycle_share(self, wmma_cycles: int = 8, skip_rescale: bool = False) -> float:
         """Share of the SIMD's vector issue cycles spent in WMMA, assuming a 16x16x16 8-bit
         WMMA occupies the SIMD `wmma_cycles` clocks (2048 8-bit ops/clk/CU, 2 SIMDs per CU:
-        8192 ops / 1024 per clock) and every other vector instruction one clock.
-        skip_rescale: without the VALU of the EXEC-masked rescale branch."""
+        8192 ops / 1024 per clock), a 16-bit one twice that, and every other vector
+        instruction one clock. skip_rescale: without the VALU of the EXEC-masked rescale
+        branch."""
         vec = self.valu + self.trans - (self.rescale_valu if skip_rescale else 0)
-        busy = self.wmma * wmma_cycles
+        busy = self.wmma_clocks(wmma_cycles)
         return busy / (busy + vec) if busy + vec else 0.0
 
 
@@ -245,6 +252,8 @@ def classify(mix: LoopMix, mnem: str) -> None:
             mix.wmma_iu8 += 1
         elif "fp8" in mnem or "bf8" in mnem:
             mix.wmma_fp8 += 1
+        elif mnem.endswith("_f16"):  # v_wmma_f32_16x16x16_f16
+            mix.wmma_f16 += 1
         else:
             mix.wmma_other += 1
     elif mnem.startswith(_TRANS):
@@ -457,7 +466,7 @@ def predict(
     if lp is None or lp.wmma == 0:
         raise ValueError(f"{k.name}: no WMMA main loop to model")
     vec = lp.valu + lp.trans - (0 if rescale_executed else lp.rescale_valu)
-    issue = lp.wmma * WMMA_CLOCKS + vec
+    issue = lp.wmma_clocks(WMMA_CLOCKS) + vec
     trans = lp.trans * TRANS_CLOCKS
     stall = lp.waitcnt * LDS_WAIT_CLOCKS + lp.delay_alu * DELAY_ALU_CLOCKS
     w = max(k.waves_per_simd, 1)
@@ -560,7 +569,8 @@ def format_report(arch: str, results: dict) -> str:
                 continue
             out.append(
                 f"    main loop 0x{lp.start:x}-0x{lp.end:x}: {lp.instructions} instructions: "
-                f"iu8 WMMA {lp.wmma_iu8}, fp8 WMMA {lp.wmma_fp8}, VALU {lp.valu}, "
+                f"iu8 WMMA {lp.wmma_iu8}, fp8 WMMA {lp.wmma_fp8}, f16 WMMA {lp.wmma_f16}, "
+                f"VALU {lp.valu}, "
                 f"transcendental {lp.trans}, LDS {lp.lds}, global loads "
                 f"{lp.global_load}, global stores {lp.global_store}, s_wait* "
                 f"{lp.waitcnt}, barriers {lp.barrier}, SALU/other {lp.salu}, "
@@ -574,7 +584,7 @@ def format_report(arch: str, results: dict) -> str:
                 f"    estimated WMMA share of vector issue cycles: "
                 f"{100 * lp.wmma_cycle_share():.1f}% with the rescale executed, "
                 f"{100 * lp.wmma_cycle_share(skip_rescale=True):.1f}% skipped "
-                f"(8 clk per WMMA, 1 per other)"
+                f"(8 clk per 8-bit WMMA, 16 per 16-bit, 1 per other)"
             )
     return "\n".join(out)
 

@@ -1,7 +1,8 @@
-"""The gfx12 attention kernel variants (head dim 64/128 x causal; GQA, FP16 output, head dims
-that are not 64/128, LSE with and without the K-smoothing correction) on the wave emulator,
-called directly through the module's C ABI on tensors prepared by aiter_sage.ref.prepare (so
-the kernel is tested independently of the gfx12 prepare module and of the torch binding).
+"""The gfx12 attention kernel variants (head dim 64/128 x causal x P·V in FP8 or FP16; GQA,
+FP16 output, head dims that are not 64/128, LSE with and without the K-smoothing correction)
+on the wave emulator, called directly through the module's C ABI on tensors prepared by
+aiter_sage.ref.prepare (so the kernel is tested independently of the gfx12 prepare module
+and of the torch binding).
 
 Checks per case: the output sits in ref.BAND of ref.attention_fp32 (is_causal as given), it
 is within BF16/FP16 rounding of ref.attention_from_prepared (the kernel's own arithmetic),
@@ -91,14 +92,19 @@ def run_kernel(
     guard_c, guard_r = 8, 3
     out = torch.full((b, out_rows + guard_r, hq, head_dim + guard_c), float("nan"), dtype=out_dtype)
     lse_t = torch.full((b, hq, out_rows + guard_r), float("nan")) if lse else None
-    v8b = v8.view(torch.uint8)
+    pv16 = v8.dtype == torch.float16  # pv_dtype "fp16": FP16 V codes, the FP16 P·V kernels
     p = SageParams()
     p.batch, p.heads_q, p.heads_kv, p.head_dim, p.head_dim_pad = b, hq, hkv, head_dim, dp
     p.q_len, p.kv_len, p.q_len_pad, p.kv_len_pad = q_len, kv_len, sq_pad, skv_pad
     p.in_dtype = p.out_dtype = 1 if out_dtype == torch.float16 else 0
     p.mask = 1 if causal else 0
+    p.pv_dtype = 1 if pv16 else 0
     p.q8, p.q_scale, p.k8, p.k_scale = q8.data_ptr(), qs.data_ptr(), k8.data_ptr(), ks.data_ptr()
-    p.v8, p.v_scale = v8b.data_ptr(), vs.data_ptr()
+    if pv16:
+        p.v16 = v8.data_ptr()
+    else:
+        p.v8 = v8.view(torch.uint8).data_ptr()
+    p.v_scale = vs.data_ptr()
     corr = None if lse_corr is None else lse_corr.contiguous().float()
     p.lse_corr = corr.data_ptr() if corr is not None else None
     p.out = out.data_ptr()
@@ -142,14 +148,17 @@ def _id(c):
     )
 
 
+@pytest.mark.parametrize("pv_dtype", ["fp8", "fp16"])
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_attention_variant_emu(case):
+def test_attention_variant_emu(case, pv_dtype):
     b, sq, skv, hq, hkv, d, causal, dtype, smooth = case
     g = torch.Generator().manual_seed(sq * 131 + d * 7 + hq)
     q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
     k = (torch.randn(b, skv, hkv, d, generator=g) + (0.5 if smooth else 0.0)).to(dtype)
     v = torch.randn(b, skv, hkv, d, generator=g).to(dtype)
-    prep, smoothing = ref.prepare(q, k, v, smooth_k=smooth, return_smoothing=True)
+    prep, smoothing = ref.prepare(
+        q, k, v, smooth_k=smooth, pv_dtype=pv_dtype, return_smoothing=True
+    )
     out, lse = run_kernel(
         prep,
         sq,

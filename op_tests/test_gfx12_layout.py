@@ -83,8 +83,23 @@ int main() {
   printf("],\"mask\":[");
   for (int n = -2; n <= 18; ++n) for (int w = 0; w < 4; ++w)
     printf("%s[%d,%d,%u]", n > -2 || w ? "," : "", n, w, first_bytes_mask(w, n));
-  printf("],\"vt\":{\"keys\":%d,\"row\":%d,\"off\":[", kVtKeys, kVtRowBytes);
+  printf("],\"vt\":{\"keys\":%d,\"row\":%d,\"row16\":%d,\"off\":[", kVtKeys,
+         vt_row_bytes(1), vt_row_bytes(2));
   for (int ch = 0; ch < 128; ++ch) printf("%s%d", ch ? "," : "", vt_lds_offset(ch, 0));
+  printf("],\"off16\":[");
+  for (int ch = 0; ch < 128; ++ch) printf("%s%d", ch ? "," : "", vt_lds_offset(ch, 3, 2));
+  printf("]},\"k16\":[");
+  for (int l = 0; l < 32; ++l) for (int j = 0; j < 8; ++j)
+    printf("%s[%d,%d,%d]", l || j ? "," : "", l, j, k16_interleaved(l, j));
+  printf("],\"v16\":{\"bytes128\":%d,\"bytes64\":%d,\"off\":[", v16_lds_bytes(128),
+         v16_lds_bytes(64));
+  for (int ch = 0; ch < 128; ++ch) for (int sl = 0; sl < kV16Slots; ++sl)
+    printf("%s[%d,%d,%d]", ch || sl ? "," : "", ch, sl, v16_lds_offset(ch, sl));
+  printf("],\"stage\":[");
+  for (int t = 0; t < 128; ++t) for (int sl = 0; sl < 4; ++sl) {
+    int p = stage_piece(t, sl, 128);
+    printf("%s[%d,%d,%d,%d]", t || sl ? "," : "", t, sl, v16_piece_channel(p), v16_piece_slot(p));
+  }
   printf("]},\"pass_bytes\":%d,\"bank_bytes\":%d}\n", kLdsPassBytes, kLdsBankBytes);
   return 0;
 }
@@ -343,6 +358,91 @@ def test_scores_feed_pv_without_shuffles(dim):
                 assert acc[lane][j] == want
 
 
+# ------------------------------------------------------- FP16 P·V (pv_dtype "fp16") ------
+def test_v16_lds_tile():
+    """The FP16 V tile (v16_lds_offset): every 16-byte slot of 128 channels x 4 slots once,
+    16-byte aligned, within 8704 bytes (D = 64: the first 64 channels, 4352); the A reads
+    (lane = channel 16cb + r, slot 2h + kc) and the staging stores (consecutive threads =
+    consecutive 16-byte pieces) are conflict free; and the kernel's immediates hold: slot
+    + 1 = +16 bytes, channel block + 1 = +1088, staging slot + 1 = +2176."""
+    d = layouts()
+    v16 = d["v16"]
+    off = {(ch, sl): o for ch, sl, o in v16["off"]}
+    assert len(set(off.values())) == 512 and all(o % 16 == 0 for o in off.values())
+    # the stage's V size: where channel 128 (64) would start, the last pad slot included
+    assert max(off.values()) + 16 <= v16["bytes128"] == 8704
+    assert max(o for (ch, _), o in off.items() if ch < 64) + 16 <= v16["bytes64"] == 4352
+    for cb in range(8):
+        for kc in range(2):
+            addrs = [off[(16 * cb + lane % 16, 2 * (lane // 16) + kc)] for lane in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (cb, kc)
+            for lane in range(WAVE):
+                base = off[(lane % 16, 2 * (lane // 16))]
+                assert addrs[lane] == base + 1088 * cb + 16 * kc
+    st = {(t, sl): (c, k) for t, sl, c, k in v16["stage"]}
+    assert sorted(st.values()) == [(c, k) for c in range(128) for k in range(4)]
+    for sl in range(4):
+        for w in range(4):
+            addrs = [off[st[(32 * w + lane, sl)]] for lane in range(WAVE)]
+            assert _slot_conflicts(addrs, d["pass_bytes"]) == 0, (sl, w)
+        for t in range(128):
+            assert off[st[(t, sl)]] == off[st[(t, 0)]] + 2176 * sl
+
+
+def _wmma16(a_frag, b_frag, c_frag, d, k_of):
+    """A 16-bit WMMA whose A and B operands share the K map k_of(lane, j); C/D as 8-bit."""
+    A = [[0] * 16 for _ in range(16)]
+    B = [[0] * 16 for _ in range(16)]
+    for lane in range(WAVE):
+        for j in range(8):
+            A[lane % 16][k_of(lane, j)] = a_frag[lane][j]
+            B[k_of(lane, j)][lane % 16] = b_frag[lane][j]
+    C = [[0] * 16 for _ in range(16)]
+    for lane, j, r, c in d["c"]:
+        C[r][c] = c_frag[lane][j]
+    out = [[0] * 8 for _ in range(WAVE)]
+    for lane, j, r, c in d["c"]:
+        out[lane][j] = C[r][c] + sum(A[r][k] * B[k][c] for k in range(16))
+    return out
+
+
+@pytest.mark.parametrize("reading", ["contiguous", "interleaved"])
+def test_fp16_pv_composes_for_either_16bit_reading(reading):
+    """The FP16 P·V kernel's recipe (P element j of key chunk kc straight from the Sᵀ
+    accumulator: tile key tile_key(kc, 8h + j); V's A operand: slot 2h + kc of channel
+    16cb + r, tile keys 16h + 8kc + j) gives exactly P·V under BOTH published readings of
+    the 16-bit operand layout (sage/arch/gfx12_wmma.h): 8h + j, and K interleaved by 4
+    (k16_interleaved, what the emulator models; first checked to be a bijection)."""
+    d = layouts()
+    k16 = {(lane, j): k for lane, j, k in d["k16"]}
+    for r in range(16):
+        assert sorted(k16[(r + 16 * h, j)] for h in range(2) for j in range(8)) == list(range(16))
+
+    def k_of(lane, j):
+        return 8 * (lane // 16) + j if reading == "contiguous" else k16[(lane, j)]
+
+    tk = {(kc, m): key for kc, m, key in d["tile_key"]}
+    rnd = random.Random(7)
+    V = [[rnd.randint(-8, 8) for _ in range(32)] for _ in range(32)]  # [key][channel]
+    Pkq = [[rnd.randint(0, 9) for _ in range(16)] for _ in range(32)]  # [tile key][query]
+    # P as it sits in the Sᵀ registers: lane = query r, element j = key tile_key(kc, 8h + j)
+    P = [
+        [[Pkq[tk[(kc, 8 * (lane // 16) + j)]][lane % 16] for j in range(8)] for lane in range(WAVE)]
+        for kc in range(2)
+    ]
+    for cb in range(2):
+        acc = [[0] * 8 for _ in range(WAVE)]
+        for kc in range(2):
+            a = [
+                [V[16 * (lane // 16) + 8 * kc + j][16 * cb + lane % 16] for j in range(8)]
+                for lane in range(WAVE)
+            ]
+            acc = _wmma16(a, P[kc], acc, d, k_of)
+        for lane, j, r, c in d["c"]:  # Oᵀ: row = channel 16cb + r, column = query c
+            want = sum(Pkq[key][c] * V[key][16 * cb + r] for key in range(32))
+            assert acc[lane][j] == want, (reading, cb, lane, j)
+
+
 # ------------------------------------------------------------------------- prepare ------
 def test_prepare_qk_mapping():
     d = layouts()
@@ -373,6 +473,10 @@ def test_v_transpose_tile():
     d = layouts()
     vt, row = d["vt"], d["vt"]["row"]
     assert vt["off"] == [ch * row for ch in range(128)] and row >= vt["keys"] and row % 4 == 0
+    # FP16 codes (v_quant16): rows of 2 x 128 key bytes + one word, key k at byte 2k
+    row16 = vt["row16"]
+    assert row16 >= 2 * vt["keys"] and row16 % 4 == 0
+    assert vt["off16"] == [ch * row16 + 6 for ch in range(128)]
     # column writes: 16 lanes = channel chunks c (rows 8c + i), same 4-key word: count banks
     banks = d["pass_bytes"] // d["bank_bytes"]
     for i in range(8):

@@ -21,8 +21,6 @@ CPU_TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
 TARGETS = [("cpu", t) for t in CPU_TIERS if "cpu" in BACKENDS] + [
     (b, None) for b in BACKENDS if b != "cpu" and backends.BY_NAME[b].device_type == "cpu"
 ]
-# gfx12 (and its emulator) refuse pv_dtype="fp16" until the FP16 kernel variant exists.
-FP16_PV_BACKENDS = ("cpu",)
 
 
 @pytest.fixture(params=[pytest.param(t, id=t[1] or t[0]) for t in TARGETS])
@@ -72,10 +70,6 @@ def test_prepare_fp16_v_contract():
 def test_prepare_fp16_bit_exact(target, dtype, d, smooth):
     q, k, v = _inputs(2, 50, 77, 2, d, seed=2, dtype=dtype)
     kw = dict(smooth_k=smooth, pv_dtype="fp16")
-    if target not in FP16_PV_BACKENDS:
-        with pytest.raises(RuntimeError, match="does not support pv_dtype"):
-            aiter_sage.gfx1201_sage_prepare(q, k, v, backend=target, **kw)
-        return
     got = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=target, **kw)
     assert got.v_fp8.dtype == torch.float16
     assert_prepared_equal(got, ref.prepare(q, k, v, **kw))
@@ -101,11 +95,6 @@ def test_pv_dtype_rejected():
 def test_fp16_pv_in_band_and_better(target, sq, skv, hq, hkv, d, causal, dtype, lse):
     """FP16 P·V in the band, with every contract-v2 option, and more accurate than FP8 P·V on a
     long row (both the backend and the GPU's arithmetic in the ref model)."""
-    if target not in FP16_PV_BACKENDS:
-        q, k, v = _inputs(1, 32, 32, 1, seed=4)
-        with pytest.raises(RuntimeError, match="does not support pv_dtype"):
-            aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype="fp16", backend=target)
-        return
     g = torch.Generator().manual_seed(5)
     q = torch.randn((1, sq, hq, d), generator=g).to(dtype)
     k = torch.randn((1, skv, hkv, d), generator=g).to(dtype)
@@ -152,7 +141,7 @@ def test_large_v_in_band(target):
     q, k, v = _inputs(1, 64, 96, 2, seed=7, dtype=torch.float16)
     v = (v.float() * 2e4).clamp(-6e4, 6e4).half()
     v[0, 5, 0, 3] = 6e4
-    for mode in ("fp8", "fp16") if target in FP16_PV_BACKENDS else ("fp8",):
+    for mode in ("fp8", "fp16"):
         out = aiter_sage.gfx1201_sage_attention(q, k, v, pv_dtype=mode, backend=target)
         assert torch.isfinite(out).all(), mode
         acc = ref.accuracy(out.float() / 2e4, ref.attention_fp32(q, k, v) / 2e4)  # at its scale
@@ -181,7 +170,7 @@ def test_nonfinite_input(target, which, val, causal):
     q, k, v = _inputs(1, 96, 96, 1, seed=8)
     t = {"q": q, "k": k, "v": v}[which]
     t[0, 70, 0, 5] = val  # row 70: the 3rd Q/K block, so causal rows < 64 stay clean
-    modes = ("fp8", "fp16") if target in FP16_PV_BACKENDS else ("fp8",)
+    modes = ("fp8", "fp16")
     want = _sdpa32(q, k, v, causal)
     for mode in modes:
         out = aiter_sage.gfx1201_sage_attention(

@@ -198,4 +198,54 @@ void wmma_fp8_model(const WmmaFp8Operands& in, float d[kWaveSize][8]) {
     for (int j = 0; j < 8; ++j) d[lane][j] = D[wmma_m_of_cd(lane, j)][wmma_rc(lane)];
 }
 
+// v_cvt_f16_f32 under the kernels' default mode: round to nearest even, FP16 denormals kept
+// (the FP16/64 denormal mode is "preserve" by default), overflow to inf, NaN stays NaN. The
+// host's IEEE _Float16 conversion is exactly that.
+uint16_t cvt_f32_to_f16(float x) {
+  const _Float16 h = static_cast<_Float16>(x);
+  uint16_t bits;
+  memcpy(&bits, &h, 2);
+  return bits;
+}
+
+static double f16_to_f64(uint16_t bits) {
+  _Float16 h;
+  memcpy(&h, &bits, 2);
+  return double(h);
+}
+
+// FP16 WMMA, an ideal unit like the FP8 one: every FP16 x FP16 product is exact in double
+// (11 x 11 significant bits); the 16 products and C are summed with TwoSum compensation
+// (sum + error exact to far below an f32 ulp) and rounded once to f32 (RNE). NaN in, NaN out;
+// inf products give inf (or NaN for inf - inf). The operand K map is wmma_k16_of (models.h).
+void wmma_f16_model(const WmmaF16Operands& in, float d[kWaveSize][8]) {
+  double A[kTile][kTile], B[kTile][kTile];
+  float C[kTile][kTile];
+  for (int lane = 0; lane < kWaveSize; ++lane) {
+    const int r = wmma_rc(lane);
+    for (int j = 0; j < 8; ++j) {
+      const int k = wmma_k16_of(lane, j);
+      A[r][k] = f16_to_f64(in.a[lane][j]);
+      B[k][r] = f16_to_f64(in.b[lane][j]);
+      C[wmma_m_of_cd(lane, j)][r] = in.c[lane][j];
+    }
+  }
+  for (int m = 0; m < kTile; ++m)
+    for (int n = 0; n < kTile; ++n) {
+      double hi = double(C[m][n]), lo = 0.0;
+      for (int k = 0; k < kTile; ++k) {
+        const double x = A[m][k] * B[k][n];  // exact
+        const double t = hi + x;
+        const double bv = t - hi, av = t - bv;
+        lo += (hi - av) + (x - bv);  // TwoSum error of t = fl(hi + x)
+        hi = t;
+      }
+      const double total = hi + lo;
+      const double rest = isfinite(total) ? (hi - total) + lo : 0.0;
+      C[m][n] = isnan(total) ? __builtin_nanf("") : round_pair_to_f32(total, rest);
+    }
+  for (int lane = 0; lane < kWaveSize; ++lane)
+    for (int j = 0; j < 8; ++j) d[lane][j] = C[wmma_m_of_cd(lane, j)][wmma_rc(lane)];
+}
+
 }  // namespace sage_emu

@@ -414,6 +414,7 @@ void Worker::execute_group(int wave_index, Lane* group[kWaveSize], int n) {
       break;
     case Op::kWmmaIu8:
     case Op::kWmmaFp8:
+    case Op::kWmmaF16:
       exec_wmma(wave_index, group, n, op);
       break;
     default:
@@ -473,6 +474,18 @@ void Worker::exec_wmma(int wave_index, Lane* group[kWaveSize], int n, Op op) {
         memcpy(in.c[i], group[i]->req->src[2], 32);
       }
     wmma_iu8_model(in, r0.sign_a, r0.sign_b, r0.clamp, d);
+    for (int i = 0; i < kWaveSize; ++i)
+      if (group[i]) memcpy(group[i]->req->dst, d[i], 32);
+  } else if (op == Op::kWmmaF16) {
+    WmmaF16Operands in{};
+    float d[kWaveSize][8];
+    for (int i = 0; i < kWaveSize; ++i)
+      if (group[i]) {
+        memcpy(in.a[i], group[i]->req->src[0], 16);
+        memcpy(in.b[i], group[i]->req->src[1], 16);
+        memcpy(in.c[i], group[i]->req->src[2], 32);
+      }
+    wmma_f16_model(in, d);
     for (int i = 0; i < kWaveSize; ++i)
       if (group[i]) memcpy(group[i]->req->dst, d[i], 32);
   } else {

@@ -58,7 +58,8 @@ enum class Op : uint8_t {
   kShflXor,
   kReadLane,
   kWmmaIu8,
-  kWmmaFp8
+  kWmmaFp8,
+  kWmmaF16
 };
 
 // A lane's parked request at a wave-synchronous point. Operands live on the lane's stack,
@@ -106,6 +107,7 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
 
 // ---- value models of gfx12 instructions (pure functions; emu/models.cpp) ----
 uint8_t cvt_f32_to_fp8_e4m3(float x);  // v_cvt_pk_fp8_f32 per element: RNE, no clamp
+uint16_t cvt_f32_to_f16(float x);      // v_cvt_f16_f32: RNE, FP16 denormals kept
 float fp8_e4m3_to_f32(uint8_t b);
 float exp2_v_exp_f32(float x);
 float log2_v_log_f32(float x);
@@ -264,6 +266,24 @@ inline v8f32 sage_wmma_f32_fp8(v2i32 a, v2i32 b, v8f32 c, SAGE_EMU_SITE_PARAMS) 
   r.dst = &d;
   sage_emu::wave_sync(r);
   return d;
+}
+
+// v_wmma_f32_16x16x16_f16: a, b hold 8 FP16 values each (element 2w in the low half of word w).
+inline v8f32 sage_wmma_f32_f16(u32x4 a, u32x4 b, v8f32 c, SAGE_EMU_SITE_PARAMS) {
+  v8f32 d;
+  sage_emu::OpRequest r{};
+  r.op = sage_emu::Op::kWmmaF16;
+  r.site = SAGE_EMU_SITE;
+  r.src[0] = &a;
+  r.src[1] = &b;
+  r.src[2] = &c;
+  r.dst = &d;
+  sage_emu::wave_sync(r);
+  return d;
+}
+// Two f32 -> a packed pair of FP16 (x low, y high), each rounded to nearest even.
+inline uint32_t sage_cvt_pk_f16(float x, float y) {
+  return uint32_t(sage_emu::cvt_f32_to_f16(x)) | (uint32_t(sage_emu::cvt_f32_to_f16(y)) << 16);
 }
 
 // v_cvt_pk_fp8_f32: x -> byte 0 (2), y -> byte 1 (3) of the low (high) half of `old`.

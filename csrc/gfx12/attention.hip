@@ -7,8 +7,12 @@
 //                    accumulator layout is the B-operand layout, so P never leaves the VGPRs)
 //   O = acc / l · v_scale → out_dtype (BF16/FP16), only the head_dim real channels
 //
-// Variants: AttnTraits<kHeadDim> (64 or 128) x kCausal are template arguments, set in ONE
-// place (dispatch_attention at the bottom) from head_dim_pad and mask; everything else (GQA's
+// pv_dtype FP16 (AttnTraits<D, true>, the _pv16 kernels): P and V as FP16 and
+//   Oᵀ += V16ᵀ·P16ᵀ  v_wmma_f32_16x16x16_f16 (P packed to FP16 in registers, same lanes)
+//
+// Variants: AttnTraits<kHeadDim, kPv16> (64 or 128, FP8 or FP16 P·V) x kCausal are template
+// arguments, set in ONE place (dispatch_attention at the bottom) from head_dim_pad, pv_dtype
+// and mask; everything else (GQA's
 // kv head, out_dtype, head_dim, LSE, lse_corr) is read at run time outside the main loop. Work
 // split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
 // of its 4 waves owns 32 queries (one Q scale block). K and V tiles of 32 keys are staged in
@@ -55,10 +59,14 @@ SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
 // Tiling of one kernel variant. The WMMA lane facts (gfx12_fragments.h) do not depend on it;
 // the head dim sets the number of WMMA K-steps (Q·Kᵀ) and of accumulator tiles (P·V), the LDS
 // tile sizes and how many 16-byte pieces each thread stages.
-template <int D>
+template <int D, bool kFp16Pv = false>
 struct AttnTraits {
   static_assert(D == SAGE_HEAD_DIM_SMALL || D == SAGE_HEAD_DIM_LARGE, "kernel head dims");
   static constexpr int kHeadDim = D;
+  // pv_dtype FP16: P and V as FP16 (v_wmma_f32_16x16x16_f16) instead of e4m3; V tiles twice
+  // the bytes (layout v16_lds_offset), P twice the VGPRs. Everything else is the same kernel.
+  static constexpr bool kPv16 = kFp16Pv;
+  static constexpr int kVCodeBytes = kPv16 ? 2 : 1;
   static constexpr int kWaves = 4;
   static constexpr int kThreads = kWaves * kWaveSize;
   // 32 queries per wave = two 16-query WMMA column blocks. Each K/V fragment read from LDS then
@@ -77,22 +85,27 @@ struct AttnTraits {
   static constexpr int kQkSteps = D / kWmmaDim;            // 8 / 4 WMMA K-steps over channels
   static constexpr int kChannelBlocks = D / kWmmaDim;      // 8 / 4 accumulator tiles
   static constexpr int kKTileBytes = kTileKeys * D;        // 4 / 2 KiB of K codes
-  static constexpr int kVTileBytes = D * kVRowBytes;       // 4 / 2 KiB of V codes
+  static constexpr int kVTileBytes = D * kTileKeys * kVCodeBytes;  // 4 / 2 KiB (FP16: 8 / 4)
   // In LDS the K tile is padded (k_lds_padded_offset: 4400 / 2192 B) so that every LDS address
   // of a tile is a per-lane base plus an immediate; V is not padded.
   static constexpr int kKLdsBytes = k_lds_padded_bytes(D);
-  static constexpr int kStageBytes = kKLdsBytes + kVTileBytes;  // 8496 / 4240 B
-  static constexpr int kStages = 2;                             // double buffer
-  static constexpr int kLdsBytes = kStages * kStageBytes;       // 16992 / 8480 B
+  static constexpr int kVLdsBytes = kPv16 ? v16_lds_bytes(D) : kVTileBytes;  // V16 padded
+  static constexpr int kStageBytes = kKLdsBytes + kVLdsBytes;  // 8496 / 4240 B (FP16 13104 / 6544)
+  static constexpr int kStages = 2;                            // double buffer
+  static constexpr int kLdsBytes = kStages * kStageBytes;      // 16992 / 8480 B (26208 / 13088)
   // Immediate strides of the LDS layouts (op_tests/test_gfx12_layout.py): K chunk kc + 1 of the
   // reads, the next K staging slot; the next 16-channel block of the V reads, the next V
   // staging slot (64 channels further).
   static constexpr int kKLdsChunkStride = k_lds_chunk_stride(D);           // 1088 / 544
   static constexpr int kKLdsStageSlotStride = k_lds_stage_slot_stride(D);  // 2240 / -
-  static constexpr int kVLdsBlockStride = v_lds_offset(kWmmaDim, 0);       // 512
-  static constexpr int kVLdsStageSlotStride = v_lds_offset(kThreads * 16 / kVRowBytes, 0);  // 2048
-  static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;  // 2 / 1 x 16 B
-  static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 / 1 x 16 B
+  static constexpr int kVLdsBlockStride =
+      kPv16 ? v16_lds_offset(kWmmaDim, 0) : v_lds_offset(kWmmaDim, 0);  // 1088 / 512
+  // A staging slot moves 128 x 16 bytes = 64 V rows of e4m3 codes, 32 of FP16 codes.
+  static constexpr int kVRowsPerSlot = kThreads * 16 / (kTileKeys * kVCodeBytes);
+  static constexpr int kVLdsStageSlotStride =
+      kPv16 ? v16_lds_offset(kVRowsPerSlot, 0) : v_lds_offset(kVRowsPerSlot, 0);  // 2176 / 2048
+  static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;           // 2 / 1 x 16 B
+  static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 / 1 (FP16 4 / 2)
 
   static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK,
                 "one Q scale per wave and one K scale per tile");
@@ -129,6 +142,18 @@ constexpr float kScoreBias = 12582912.0f;  // 1.5·2^23
 constexpr float kNegInf = -__builtin_inff();
 constexpr float kLn2 = 0.6931471805599453f;
 
+// An opaque use and redefinition of x in VGPRs: the value must exist at this point (no
+// instruction computing it sinks below) and is not known to be any constant afterwards. No
+// effect on values; the emulator build is plain C++.
+template <class V>
+SAGE_DEVICE void pin_vgprs(V& x) {
+#if defined(__HIP__) && !defined(SAGE_EMU)
+  asm volatile("" : "+v"(x));
+#else
+  (void)x;
+#endif
+}
+
 // The K and V bytes of one tile in flight from global memory to LDS.
 template <class T>
 struct TileStage {
@@ -151,10 +176,13 @@ struct WaveState {
 template <class T>
 struct HeadView {
   const int8_t* k8;       // key 0 of this (batch, head); keys are k_row_stride bytes apart
-  const sage_fp8_t* v8;   // channel 0, key 0 of this head
+  const uint8_t* v;       // V codes (e4m3 or FP16 bytes): channel 0, key 0 of this head
   int64_t k_tile_stride;  // bytes from one K tile to the next
   uint32_t k_lane_off[T::kKPiecesPerThread];
-  uint32_t v_lane_off[T::kVPiecesPerThread];
+  // V: staging slot i is slot 0 moved by i whole V rows-per-slot (wave-uniform), so one lane
+  // offset and a scalar stride cover all slots (FP16 has 4 slots: 3 VGPRs fewer).
+  uint32_t v_lane_off;
+  int64_t v_slot_stride;  // bytes from staging slot i to i + 1 (kVRowsPerSlot V rows)
 };
 
 // `hd`: the key/value head (GQA: kv_head_of the query head; K/V are never copied).
@@ -163,7 +191,9 @@ SAGE_DEVICE HeadView<T> make_head_view(const SageParams& p, int b, int hd) {
   HeadView<T> hv;
   const int64_t k_row_stride = qk8_row_stride(p.heads_kv, T::kHeadDim);
   hv.k8 = p.k8 + qk8_offset(p.heads_kv, T::kHeadDim, p.kv_len_pad, b, 0, hd, 0);
-  hv.v8 = p.v8 + v8_offset(head_index(p.heads_kv, b, hd), T::kHeadDim, p.kv_len_pad, 0, 0);
+  const int64_t v_head = v8_offset(head_index(p.heads_kv, b, hd), T::kHeadDim, p.kv_len_pad, 0, 0);
+  hv.v = T::kPv16 ? reinterpret_cast<const uint8_t*>(p.v16) + 2 * v_head
+                  : reinterpret_cast<const uint8_t*>(p.v8) + v_head;
   hv.k_tile_stride = T::kTileKeys * k_row_stride;
   const int tid = sage_thread_id();
 #pragma unroll
@@ -173,13 +203,13 @@ SAGE_DEVICE HeadView<T> make_head_view(const SageParams& p, int b, int hd) {
     hv.k_lane_off[i] = uint32_t(k_piece_row(piece, T::kHeadDim) * k_row_stride +
                                 16 * k_piece_chunk(piece, T::kHeadDim));
   }
-#pragma unroll
-  for (int i = 0; i < T::kVPiecesPerThread; ++i) {
-    const int piece = stage_piece(tid, i, T::kThreads);
-    // < 128 * kv_len_pad <= 2^31 (SAGE_MAX_SEQ_LEN): fits the 32-bit offset.
-    hv.v_lane_off[i] =
-        uint32_t(v_piece_channel(piece)) * uint32_t(p.kv_len_pad) + 16u * v_piece_half(piece);
-  }
+  // < 32 * 2 * kv_len_pad + 48 <= 2^30 (SAGE_MAX_SEQ_LEN): fits the 32-bit offset.
+  const int piece = stage_piece(tid, 0, T::kThreads);
+  const uint32_t v_row_bytes = uint32_t(p.kv_len_pad) * uint32_t(T::kVCodeBytes);
+  hv.v_lane_off =
+      T::kPv16 ? uint32_t(v16_piece_channel(piece)) * v_row_bytes + 16u * v16_piece_slot(piece)
+               : uint32_t(v_piece_channel(piece)) * v_row_bytes + 16u * v_piece_half(piece);
+  hv.v_slot_stride = int64_t(T::kVRowsPerSlot) * v_row_bytes;
   return hv;
 }
 
@@ -189,17 +219,26 @@ SAGE_DEVICE u32x4 keep_first_bytes(u32x4 x, int n) {
                x.z & first_bytes_mask(2, n), x.w & first_bytes_mask(3, n)};
 }
 
+// The K (V) bytes of tile `tile` into the staging registers.
 template <class T>
-SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
-  TileStage<T> st;
+SAGE_DEVICE void load_tile_k(const HeadView<T>& hv, int tile, TileStage<T>& st) {
   const int8_t* k_tile = hv.k8 + int64_t(tile) * hv.k_tile_stride;
-  const sage_fp8_t* v_tile = hv.v8 + int64_t(tile) * T::kTileKeys;
 #pragma unroll
   for (int i = 0; i < T::kKPiecesPerThread; ++i)
     st.k[i] = sage_gload<u32x4>(k_tile, int64_t(hv.k_lane_off[i]));
+}
+template <class T>
+SAGE_DEVICE void load_tile_v(const HeadView<T>& hv, int tile, TileStage<T>& st) {
+  const uint8_t* v_tile = hv.v + int64_t(tile) * (T::kTileKeys * T::kVCodeBytes);
 #pragma unroll
   for (int i = 0; i < T::kVPiecesPerThread; ++i)
-    st.v[i] = sage_gload<u32x4>(v_tile, int64_t(hv.v_lane_off[i]));
+    st.v[i] = sage_gload<u32x4>(v_tile + i * hv.v_slot_stride, int64_t(hv.v_lane_off));
+}
+template <class T>
+SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
+  TileStage<T> st;
+  load_tile_k(hv, tile, st);
+  load_tile_v(hv, tile, st);
   return st;
 }
 
@@ -209,7 +248,8 @@ SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
 // one per access.
 struct LdsLanes {
   int k_read;   // K row tile_key(0, r), chunk 4h (chunk kc: + kc·kKLdsChunkStride, kk: + 8kk)
-  int v_read;   // V channel r, half h (channel block cb: + cb·kVLdsBlockStride)
+  int v_read;   // V channel r, keys 16h.. (channel block cb: + cb·kVLdsBlockStride; FP16:
+                // key chunk kc + 16·kc)
   int k_store;  // staging slot 0 of K (slot i: + i·kKLdsStageSlotStride)
   int v_store;  // staging slot 0 of V (slot i: + i·kVLdsStageSlotStride)
 };
@@ -221,10 +261,12 @@ SAGE_DEVICE LdsLanes make_lds_lanes() {
   const int piece = stage_piece(tid, 0, T::kThreads);
   constexpr int D = T::kHeadDim;
   // lane half h reads channels (D/2)h.. = 16-byte chunk (D/32)h
-  return LdsLanes{k_lds_padded_offset(tile_key(0, r), (D / 32) * h, D),
-                  T::kKLdsBytes + v_lds_offset(r, h),
+  const int v_read = T::kPv16 ? v16_lds_offset(r, 2 * h) : v_lds_offset(r, h);
+  const int v_store = T::kPv16 ? v16_lds_offset(v16_piece_channel(piece), v16_piece_slot(piece))
+                               : v_lds_offset(v_piece_channel(piece), v_piece_half(piece));
+  return LdsLanes{k_lds_padded_offset(tile_key(0, r), (D / 32) * h, D), T::kKLdsBytes + v_read,
                   k_lds_padded_offset(k_piece_row(piece, D), k_piece_chunk(piece, D), D),
-                  T::kKLdsBytes + v_lds_offset(v_piece_channel(piece), v_piece_half(piece))};
+                  T::kKLdsBytes + v_store};
 }
 
 template <class T>
@@ -248,17 +290,28 @@ SAGE_DEVICE v2i32 hi64(u32x4 x) { return v2i32{int(x.z), int(x.w)}; }
 
 SAGE_DEVICE int imax(int a, int b) { return a > b ? a : b; }
 
-// P·448 of one tile as e4m3 B operands of Pᵀ: [key chunk][query block].
+// P·448 of one tile as B operands of Pᵀ: [key chunk][query block]; e4m3 (8 bytes per
+// operand) or, pv_dtype FP16, FP16 (16 bytes: element j in half j % 2 of word j / 2).
+template <bool kPv16>
+struct TilePOperand {
+  using type = v2i32;  // 8 e4m3 bytes
+};
+template <>
+struct TilePOperand<true> {
+  using type = u32x4;  // 8 FP16 halves
+};
+template <bool kPv16>
 struct TileP {
-  v2i32 p8[2][2];  // [kKeyChunks][kQBlocks]
+  typename TilePOperand<kPv16>::type p[2][2];  // [kKeyChunks][kQBlocks]
 };
 
 // First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
 // `score_scale` = q_scale·k_scale; kMasked: the lane's query of block qb sees only the tile
 // keys < keys_valid[qb] (beyond kv_len, or causally masked). Tile key 0 is always seen.
 template <bool kMasked, class T, class L>
-SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float score_scale,
-                             const int (&keys_valid)[T::kQBlocks], WaveState<T>& ws) {
+SAGE_DEVICE TileP<T::kPv16> score_tile(const L* lds, int stage, const LdsLanes& ll,
+                                       float score_scale, const int (&keys_valid)[T::kQBlocks],
+                                       WaveState<T>& ws) {
   static_assert(T::kKeyChunks == 2 && T::kQBlocks == 2, "TileP");
   const int lane = sage_lane_id();
   const int kbase = stage_base<T>(stage) + ll.k_read;
@@ -287,7 +340,16 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
     SAGE_ATTN_SCHED_FENCE();
   }
 
-  TileP tp;
+  if constexpr (T::kPv16) {
+    // FP16 P·V: all of Sᵀ is computed here, before the softmax. Left alone, clang sinks the
+    // second query block's Q·Kᵀ WMMAs past the first block's rescale branch, keeping all eight
+    // K fragments (32 VGPRs) live across it: beyond 256 VGPRs with FP16 P at D = 128.
+#pragma unroll
+    for (int kc = 0; kc < T::kKeyChunks; ++kc)
+#pragma unroll
+      for (int qb = 0; qb < T::kQBlocks; ++qb) pin_vgprs(s[kc][qb]);
+  }
+  TileP<T::kPv16> tp;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     // Row max on the exact biased dots (int32 order = float order, see kScoreBiasBits; masked
@@ -326,14 +388,20 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
         p[j] = x;
       }
       part[kc] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
-      // Both halves of each packed word are written, so the `old` operand (the register the
-      // v_cvt_pk_fp8_f32 writes in place) never reaches the result: p[0] / p[4], whose last
-      // use this is, instead of a zero that costs a v_mov per word.
-      int w0 = sage_cvt_pk_fp8(p[0], p[1], int(f32_bits(p[0])), false);
-      w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
-      int w1 = sage_cvt_pk_fp8(p[4], p[5], int(f32_bits(p[4])), false);
-      w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
-      tp.p8[kc][qb] = v2i32{w0, w1};
+      if constexpr (T::kPv16) {
+        // FP16 (RNE) keeps 11 significant bits down to 2^-14: the long-row accuracy mode.
+        tp.p[kc][qb] = u32x4{sage_cvt_pk_f16(p[0], p[1]), sage_cvt_pk_f16(p[2], p[3]),
+                             sage_cvt_pk_f16(p[4], p[5]), sage_cvt_pk_f16(p[6], p[7])};
+      } else {
+        // Both halves of each packed word are written, so the `old` operand (the register the
+        // v_cvt_pk_fp8_f32 writes in place) never reaches the result: p[0] / p[4], whose last
+        // use this is, instead of a zero that costs a v_mov per word.
+        int w0 = sage_cvt_pk_fp8(p[0], p[1], int(f32_bits(p[0])), false);
+        w0 = sage_cvt_pk_fp8(p[2], p[3], w0, true);
+        int w1 = sage_cvt_pk_fp8(p[4], p[5], int(f32_bits(p[4])), false);
+        w1 = sage_cvt_pk_fp8(p[6], p[7], w1, true);
+        tp.p[kc][qb] = v2i32{w0, w1};
+      }
     }
     const float psum = part[0] + part[1];
     ws.l[qb] = ws.l[qb] * alpha + psum;
@@ -362,18 +430,37 @@ SAGE_DEVICE TileP score_tile(const L* lds, int stage, const LdsLanes& ll, float 
 // times a NaN left in the padding is not. (Causally masked keys < kv_len hold real V codes,
 // never NaN: prepare's e4m3 conversion saturates.)
 template <bool kMasked, class T, class L>
-SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll, const TileP& tp,
-                               int keys_valid, WaveState<T>& ws) {
+SAGE_DEVICE void accumulate_pv(const L* lds, int stage, const LdsLanes& ll,
+                               const TileP<T::kPv16>& tp, int keys_valid, WaveState<T>& ws) {
   const int h = lane_half(sage_lane_id());
   const int vbase = stage_base<T>(stage) + ll.v_read;
+  if constexpr (T::kPv16) {
+    // FP16: the lane's keys 16h + 8kc .. +7 of channel 16cb + r are slot 2h + kc, one 16-byte
+    // read per key chunk (8 halves = the A operand matching P's elements j of chunk kc).
 #pragma unroll
-  for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
-    u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride);
-    if (kMasked) vfrag = keep_first_bytes(vfrag, keys_valid - 16 * h);
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
+      u32x4 vfrag[T::kKeyChunks];
 #pragma unroll
-    for (int qb = 0; qb < T::kQBlocks; ++qb) {
-      ws.acc[qb][cb] = sage_wmma_f32_fp8(lo64(vfrag), tp.p8[0][qb], ws.acc[qb][cb]);
-      ws.acc[qb][cb] = sage_wmma_f32_fp8(hi64(vfrag), tp.p8[1][qb], ws.acc[qb][cb]);
+      for (int kc = 0; kc < T::kKeyChunks; ++kc) {
+        vfrag[kc] = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride + 16 * kc);
+        if (kMasked) vfrag[kc] = keep_first_bytes(vfrag[kc], 2 * (keys_valid - 16 * h - 8 * kc));
+      }
+#pragma unroll
+      for (int qb = 0; qb < T::kQBlocks; ++qb)
+#pragma unroll
+        for (int kc = 0; kc < T::kKeyChunks; ++kc)
+          ws.acc[qb][cb] = sage_wmma_f32_f16(vfrag[kc], tp.p[kc][qb], ws.acc[qb][cb]);
+    }
+  } else {
+#pragma unroll
+    for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
+      u32x4 vfrag = sage_lds_load<u32x4>(lds, vbase + cb * T::kVLdsBlockStride);
+      if (kMasked) vfrag = keep_first_bytes(vfrag, keys_valid - 16 * h);
+#pragma unroll
+      for (int qb = 0; qb < T::kQBlocks; ++qb) {
+        ws.acc[qb][cb] = sage_wmma_f32_fp8(lo64(vfrag), tp.p[0][qb], ws.acc[qb][cb]);
+        ws.acc[qb][cb] = sage_wmma_f32_fp8(hi64(vfrag), tp.p[1][qb], ws.acc[qb][cb]);
+      }
     }
   }
 }
@@ -464,9 +551,9 @@ SAGE_DEVICE int tiles_for_rows(const SageParams& p, int row0, int rows) {
 // computes only its own wave_tiles: causal, the tiles before its diagonal tile full, the
 // diagonal tile masked per row, the rest (fully masked for all its 32 rows) skipped — the wave
 // only keeps staging them for the waves below it in the sequence.
-template <int D, bool kCausal, class L>
+template <int D, bool kCausal, bool kPv16, class L>
 SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
-  using T = AttnTraits<D>;
+  using T = AttnTraits<D, kPv16>;
   // The wave index through a readlane: the compiler then knows it (and q0, the wave's tile
   // count, every loop bound) to be wave-uniform. Without it the causal kernel's loop exit
   // was EXEC-masked (a divergent loop) and clang spilled.
@@ -528,7 +615,7 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     for (int t = 0; t + 1 < wave_tiles; ++t) {
       const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
       const int full[T::kQBlocks] = {T::kTileKeys, T::kTileKeys};
-      const TileP tp = score_tile<false>(lds, t & 1, ll, score_scale, full, ws);
+      const TileP<kPv16> tp = score_tile<false>(lds, t & 1, ll, score_scale, full, ws);
       st = load_tile(hv, t + 1);
       accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
       // The other stage was last read in iteration t - 1, before the barrier that ended it.
@@ -559,7 +646,7 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
       row_keys[qb] = kCausal ? int(causal_keys_seen(q0 + 16 * qb + r, p.kv_len)) - t * T::kTileKeys
                              : keys_valid;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP tp = score_tile<true>(lds, t & 1, ll, score_scale, row_keys, ws);
+    const TileP<kPv16> tp = score_tile<true>(lds, t & 1, ll, score_scale, row_keys, ws);
     accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
   }
   if (kCausal) {
@@ -588,15 +675,20 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
 
 // The kernels: one per variant (head dim x causal). GQA, out_dtype, head_dim, LSE and lse_corr
 // are run-time fields read outside the main loop (csrc/gfx12/README.md says why).
-#define SAGE_ATTENTION_KERNEL(name, D, CAUSAL)               \
-  SAGE_KERNEL(name, AttnTraits<D>::kThreads)(SageParams p) { \
-    SAGE_LDS(u32x4, lds, AttnTraits<D>::kLdsBytes / 16);     \
-    attention_fwd<D, CAUSAL>(lds, p);                        \
+#define SAGE_ATTENTION_KERNEL(name, D, CAUSAL, PV16)                 \
+  SAGE_KERNEL(name, (AttnTraits<D, PV16>::kThreads))(SageParams p) { \
+    SAGE_LDS(u32x4, lds, (AttnTraits<D, PV16>::kLdsBytes / 16));     \
+    attention_fwd<D, CAUSAL, PV16>(lds, p);                          \
   }
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel, SAGE_HEAD_DIM_LARGE, false)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal, SAGE_HEAD_DIM_LARGE, true)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64, SAGE_HEAD_DIM_SMALL, false)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal, SAGE_HEAD_DIM_SMALL, true)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel, SAGE_HEAD_DIM_LARGE, false, false)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal, SAGE_HEAD_DIM_LARGE, true, false)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64, SAGE_HEAD_DIM_SMALL, false, false)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal, SAGE_HEAD_DIM_SMALL, true, false)
+// pv_dtype FP16 (FP16 P·V)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_pv16, SAGE_HEAD_DIM_LARGE, false, true)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal_pv16, SAGE_HEAD_DIM_LARGE, true, true)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_pv16, SAGE_HEAD_DIM_SMALL, false, true)
+SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal_pv16, SAGE_HEAD_DIM_SMALL, true, true)
 #undef SAGE_ATTENTION_KERNEL
 
 }  // namespace gfx12
@@ -629,27 +721,38 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
 namespace sage {
 namespace gfx12 {
-template <int D, bool kCausal>
+// The kernel of variant (D, kCausal, kPv16).
+template <int D, bool kCausal, bool kPv16>
+inline auto attention_kernel() {
+  constexpr bool large = D == SAGE_HEAD_DIM_LARGE;
+  if constexpr (!kPv16)
+    return large ? (kCausal ? sage_attention_fwd_kernel_causal : sage_attention_fwd_kernel)
+                 : (kCausal ? sage_attention_fwd_kernel_d64_causal : sage_attention_fwd_kernel_d64);
+  else
+    return large
+               ? (kCausal ? sage_attention_fwd_kernel_causal_pv16 : sage_attention_fwd_kernel_pv16)
+               : (kCausal ? sage_attention_fwd_kernel_d64_causal_pv16
+                          : sage_attention_fwd_kernel_d64_pv16);
+}
+
+template <int D, bool kCausal, bool kPv16>
 int launch_attention(const SageParams& p, void* stream) {
-  using T = AttnTraits<D>;
+  using T = AttnTraits<D, kPv16>;
   const unsigned q_groups = unsigned((p.q_len_pad + T::kQueriesPerGroup - 1) / T::kQueriesPerGroup);
   const sage_dim3 grid{q_groups, unsigned(p.heads_q), unsigned(p.batch)};
-  if constexpr (D == SAGE_HEAD_DIM_LARGE && !kCausal)
-    return sage_launch(sage_attention_fwd_kernel, grid, T::kThreads, stream, p);
-  else if constexpr (D == SAGE_HEAD_DIM_LARGE && kCausal)
-    return sage_launch(sage_attention_fwd_kernel_causal, grid, T::kThreads, stream, p);
-  else if constexpr (!kCausal)
-    return sage_launch(sage_attention_fwd_kernel_d64, grid, T::kThreads, stream, p);
-  else
-    return sage_launch(sage_attention_fwd_kernel_d64_causal, grid, T::kThreads, stream, p);
+  return sage_launch(attention_kernel<D, kCausal, kPv16>(), grid, T::kThreads, stream, p);
 }
 
 // The ONE place where run-time fields become template arguments: head_dim_pad -> the traits'
-// head dim, mask -> kCausal. (check_params has already limited both to their known values.)
+// head dim, mask -> kCausal, pv_dtype -> kPv16. (check_params has already limited them to
+// their known values.)
 inline int dispatch_attention(const SageParams& p, void* stream) {
   return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kHeadDim, [&] {
-    return SAGE_BOOL_SWITCH(p.mask == SAGE_MASK_CAUSAL, kCausal,
-                            [&] { return launch_attention<kHeadDim, kCausal>(p, stream); });
+    return SAGE_BOOL_SWITCH(p.mask == SAGE_MASK_CAUSAL, kCausal, [&] {
+      return SAGE_BOOL_SWITCH(p.pv_dtype == SAGE_PV_FP16, kPv16, [&] {
+        return launch_attention<kHeadDim, kCausal, kPv16>(p, stream);
+      });
+    });
   });
 }
 }  // namespace gfx12
@@ -657,7 +760,7 @@ inline int dispatch_attention(const SageParams& p, void* stream) {
 
 SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
-  if (!sage::check_features(params, sage::Launch::kAttention, sage::kContractV2Features, "gfx12"))
+  if (!sage::check_features(params, sage::Launch::kAttention, sage::kAllFeatures, "gfx12"))
     return 1;
   const int rc = sage::gfx12::dispatch_attention(*params, stream);
   if (rc != 0) {

@@ -14,7 +14,8 @@
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
 //   3. v_quant  one workgroup per (128-key tile, kv head, batch): V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
-//               tile stores only the keys below S_pad (a multiple of 32).
+//               tile stores only the keys below S_pad (a multiple of 32). pv_dtype FP16 runs
+//               v_quant16 instead: the same with FP16 codes fp16(V / v_scale) (quant_v16).
 // V is read twice (amax, then quantize) — a two-pass V; both passes are memory bound and the
 // second is fully parallel. Every step is a single correctly rounded IEEE operation in
 // quant.h's order, so no FMA contraction is allowed in this file:
@@ -386,10 +387,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 }
 
 // ============================================================================ kernel 3 =====
-// One workgroup per (128-key tile, key/value head, batch).
-template <class T>
+// One workgroup per (128-key tile, key/value head, batch). kV16 (pv_dtype FP16): FP16 codes
+// (quant_v16), 2 bytes per key, same tile and transpose; otherwise e4m3 codes (quant_v).
+template <class T, bool kV16>
 SAGE_DEVICE void v_quant_body(const SageParams& p) {
-  SAGE_LDS(uint32_t, vt, T::kHeadDim* kVtRowBytes / 4);
+  constexpr int kCodeBytes = kV16 ? 2 : 1;
+  // A thread's 4 keys of one channel: one 32-bit LDS word of e4m3 codes, two of FP16 codes.
+  constexpr int kWords = T::kVqKeysPerThread * kCodeBytes / 4;
+  SAGE_LDS(uint32_t, vt, T::kHeadDim* vt_row_bytes(kCodeBytes) / 4);
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p.heads_kv, b, hd);
@@ -400,13 +405,15 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   float scale[T::kChunk];  // channels >= D: 0 (kernel 1), so their codes are +0
   unpack_f32x8(p.v_scale, 4 * channel_offset(head, T::kHeadDim, T::kChunk * c), scale);
 
-  // Quantize 4 keys x 8 channels per pass; each channel's 4 key bytes are one LDS word.
+  // Quantize 4 keys x 8 channels per pass; each channel's 4 key codes are kWords LDS words.
 #pragma unroll
   for (int pass = 0; pass < T::kVqPasses; ++pass) {
     const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
-    uint32_t word[T::kChunk];
+    uint32_t word[T::kChunk][kWords];
 #pragma unroll
-    for (int i = 0; i < T::kChunk; ++i) word[i] = 0;
+    for (int i = 0; i < T::kChunk; ++i)
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) word[i][w] = 0;
 #pragma unroll
     for (int k = 0; k < T::kVqKeysPerThread; ++k) {
       const int s = tile * kVtKeys + key0 + k;
@@ -414,30 +421,42 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
         float x[T::kChunk];
         unpack_halfx8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)),
                       T::kDtype, x);
+        constexpr int kBits = 8 * kCodeBytes;
 #pragma unroll
-        for (int i = 0; i < T::kChunk; ++i) word[i] |= uint32_t(quant_v(x[i], scale[i])) << (8 * k);
+        for (int i = 0; i < T::kChunk; ++i) {
+          const uint32_t code =
+              kV16 ? uint32_t(quant_v16(x[i], scale[i])) : uint32_t(quant_v(x[i], scale[i]));
+          word[i][k * kBits / 32] |= code << (k * kBits % 32);
+        }
       }
     }
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
-      sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0), word[i]);
+#pragma unroll
+      for (int w = 0; w < kWords; ++w)
+        sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[i][w]);
   }
   sage_barrier();
-  // Write the transposed tile: Dp channel rows x 128 key bytes, 16 bytes per store.
-  constexpr int kPiecesPerRow = kVtKeys / 16;
+  // Write the transposed tile: Dp channel rows x 128 keys, 16 bytes (16 / kCodeBytes keys) per
+  // store. The padded length is a multiple of 32 keys, so a store is all in or all out.
+  constexpr int kKeysPerPiece = 16 / kCodeBytes;
+  constexpr int kPiecesPerRow = kVtKeys / kKeysPerPiece;
   constexpr int kRowsPerStep = T::kVqThreads / kPiecesPerRow;
+  static_assert(SAGE_SEQ_ALIGN % kKeysPerPiece == 0, "stores end on the padded length");
 #pragma unroll
   for (int step = 0; step < T::kHeadDim / kRowsPerStep; ++step) {
     const int ch = tid / kPiecesPerRow + step * kRowsPerStep;
-    const int k16 = 16 * (tid % kPiecesPerRow);
-    if (int64_t(tile) * kVtKeys + k16 >= p.kv_len_pad) continue;  // past the padded length
-    u32x4 out;
-    out.x = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16));
-    out.y = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 4));
-    out.z = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 8));
-    out.w = sage_lds_load<uint32_t>(vt, vt_lds_offset(ch, k16 + 12));
-    sage_gstore<u32x4>(
-        p.v8, v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k16), out);
+    const int k0 = kKeysPerPiece * (tid % kPiecesPerRow);
+    if (int64_t(tile) * kVtKeys + k0 >= p.kv_len_pad) continue;  // past the padded length
+    const int at = vt_lds_offset(ch, k0, kCodeBytes);
+    const u32x4 out{sage_lds_load<uint32_t>(vt, at), sage_lds_load<uint32_t>(vt, at + 4),
+                    sage_lds_load<uint32_t>(vt, at + 8), sage_lds_load<uint32_t>(vt, at + 12)};
+    const int64_t dst =
+        v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k0);
+    if (kV16)
+      sage_gstore<u32x4>(p.v16, 2 * dst, out);
+    else
+      sage_gstore<u32x4>(p.v8, dst, out);
   }
 }
 
@@ -445,15 +464,18 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 // emulator find kernels by name), bodies shared through PrepTraits. Dp 128 with BF16 keeps the
 // original names. The dtype is a template argument: as a runtime value the compiler kept both
 // decodings live (twice the VGPRs).
-#define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                            \
-  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) { \
-    v_scale_body<TRAITS>(p);                                                            \
-  }                                                                                     \
-  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads)(SageParams p) {      \
-    qk_body<TRAITS>(p);                                                                 \
-  }                                                                                     \
-  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
-    v_quant_body<TRAITS>(p);                                                            \
+#define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                              \
+  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) {   \
+    v_scale_body<TRAITS>(p);                                                              \
+  }                                                                                       \
+  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads)(SageParams p) {        \
+    qk_body<TRAITS>(p);                                                                   \
+  }                                                                                       \
+  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) {   \
+    v_quant_body<TRAITS, false>(p);                                                       \
+  }                                                                                       \
+  SAGE_KERNEL(sage_prepare_v_quant16##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
+    v_quant_body<TRAITS, true>(p);                                                        \
   }
 
 using PrepBf16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_BF16>;
@@ -490,8 +512,10 @@ int check_launch(int rc, const char* kernel) {
 
 // The three launches of one head dim, in stream order: kernel 1 writes v_scale (and
 // k_mean), which kernels 2 (K blocks and Q's lse_corr with smoothing) and 3 read.
+// v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
 template <class T, class KVs, class KQk, class KVq>
-int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant) {
+int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant,
+                   KVq v_quant16) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
   int rc = sage_launch(v_scale, sage_dim3{Hkv, B, 1}, T::kVsThreads, stream, p);
   if (rc) return check_launch(rc, "v_scale");
@@ -502,7 +526,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
   rc = sage_launch(qk, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
   if (rc) return check_launch(rc, "qk");
   const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
-  rc = sage_launch(v_quant, sage_dim3{tiles, Hkv, B}, T::kVqThreads, stream, p);
+  rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? v_quant16 : v_quant, sage_dim3{tiles, Hkv, B},
+                   T::kVqThreads, stream, p);
   return rc ? check_launch(rc, "v_quant") : 0;
 }
 }  // namespace
@@ -510,25 +535,20 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
 SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   namespace g = sage::gfx12;
   if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
-  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kContractV2Features,
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures,
                             SAGE_PREPARE_BACKEND))
     return 1;
   const SageParams& p = *params;
   // The one place where the head dim and the input dtype become template arguments.
   const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
-  if (small && fp16)
-    return launch_prepare<g::PrepFp16D64>(p, stream, g::sage_prepare_v_scale_d64_f16_kernel,
-                                          g::sage_prepare_qk_d64_f16_kernel,
-                                          g::sage_prepare_v_quant_d64_f16_kernel);
-  if (small)
-    return launch_prepare<g::PrepBf16D64>(p, stream, g::sage_prepare_v_scale_d64_kernel,
-                                          g::sage_prepare_qk_d64_kernel,
-                                          g::sage_prepare_v_quant_d64_kernel);
-  if (fp16)
-    return launch_prepare<g::PrepFp16D128>(p, stream, g::sage_prepare_v_scale_f16_kernel,
-                                           g::sage_prepare_qk_f16_kernel,
-                                           g::sage_prepare_v_quant_f16_kernel);
-  return launch_prepare<g::PrepBf16D128>(p, stream, g::sage_prepare_v_scale_kernel,
-                                         g::sage_prepare_qk_kernel, g::sage_prepare_v_quant_kernel);
+#define SAGE_LAUNCH_PREPARE(TRAITS, SUFFIX)                                                   \
+  launch_prepare<g::TRAITS>(                                                                  \
+      p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
+      g::sage_prepare_v_quant##SUFFIX##kernel, g::sage_prepare_v_quant16##SUFFIX##kernel)
+  if (small && fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D64, _d64_f16_);
+  if (small) return SAGE_LAUNCH_PREPARE(PrepBf16D64, _d64_);
+  if (fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D128, _f16_);
+  return SAGE_LAUNCH_PREPARE(PrepBf16D128, _);
+#undef SAGE_LAUNCH_PREPARE
 }
 #endif  // SAGE_HOST_LAUNCH

@@ -88,6 +88,24 @@ SAGE_HD constexpr int v_lds_offset(int channel, int half16) {
   return channel * kVRowBytes + 16 * (half16 ^ ((channel >> 3) & 1));
 }
 
+// V tile of the FP16 P·V variant (pv_dtype FP16): dim channels x 32 keys x 2 bytes, a row of
+// 4 16-byte slots; slot s holds keys 8s .. 8s + 7, i.e. the A operand of key chunk kc for lane
+// half h is slot 2h + kc (tile keys 16h + 8kc + j = tile_key(kc, 8h + j): the keys of the P
+// elements it meets). Rows are padded by one slot every 4 rows, so that 16 lanes reading
+// channels r = 0..15 of one slot hit 16 distinct slots of a 256-byte pass ((4r + r/4 + s) mod
+// 16 covers 0..15) and the staging stores (16 lanes = 4 channels x 4 slots) do too; like the
+// K tile's pad, the slot and the 16-channel block only add immediates to a lane's address.
+constexpr int kV16Slots = 4;                  // 16-byte slots per channel row
+constexpr int kV16RowBytes = 16 * kV16Slots;  // 64: 32 keys x 2 bytes
+constexpr int kV16PadRows = 4;                // one pad slot per this many rows
+SAGE_HD constexpr int v16_lds_offset(int channel, int slot) {
+  return channel * kV16RowBytes + 16 * (channel / kV16PadRows) + 16 * slot;
+}
+SAGE_HD constexpr int v16_lds_bytes(int dim) { return v16_lds_offset(dim, 0); }  // 8704 / 4352
+// Staging: a 64-byte row is 4 pieces; piece p -> channel p / 4, slot p % 4.
+SAGE_HD constexpr int v16_piece_channel(int piece) { return piece / kV16Slots; }
+SAGE_HD constexpr int v16_piece_slot(int piece) { return piece % kV16Slots; }
+
 // Staging: which 16-byte piece of the K / V tile thread `tid` of a `threads`-thread workgroup
 // moves in its load slot `slot` (consecutive threads take consecutive 16-byte pieces, so a
 // wave's global loads are contiguous).
@@ -127,8 +145,11 @@ SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
 // 4-byte word, so that the column writes (16 lanes = 16 channel rows 8 apart, 4 keys each)
 // and the 16-byte row reads spread over the banks.
 constexpr int kVtKeys = 128;
-constexpr int kVtRowBytes = kVtKeys + 4;
-SAGE_HD constexpr int vt_lds_offset(int channel, int key) { return channel * kVtRowBytes + key; }
+// `code_bytes`: 1 (e4m3 codes) or 2 (pv_dtype FP16: FP16 codes, rows of 2 x 128 + 4 bytes).
+SAGE_HD constexpr int vt_row_bytes(int code_bytes) { return kVtKeys * code_bytes + 4; }
+SAGE_HD constexpr int vt_lds_offset(int channel, int key, int code_bytes = 1) {
+  return channel * vt_row_bytes(code_bytes) + key * code_bytes;
+}
 
 }  // namespace gfx12
 }  // namespace sage

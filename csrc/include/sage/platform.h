@@ -56,6 +56,8 @@
 //   WMMA       sage_wmma_i32_iu8(a, b, c)     signed x signed, no clamp   (v2i32,v2i32,v8i32)
 //              sage_wmma_i32_iu8_ex<sgn_a, sgn_b, clamp>(a, b, c)
 //              sage_wmma_f32_fp8(a, b, c)     e4m3 x e4m3 -> f32          (v2i32,v2i32,v8f32)
+//              sage_wmma_f32_f16(a, b, c)     fp16 x fp16 -> f32         (u32x4,u32x4,v8f32)
+//   convert    sage_cvt_pk_f16(x, y)          two f32 -> packed fp16 pair (RNE)
 //   convert    sage_cvt_pk_fp8(x, y, old, hi) two f32 -> two e4m3 bytes in the low (hi=false)
 //                                             or high (hi=true) half of `old` (RNE, no clamp)
 //   math       sage_exp2f(x) (hardware v_exp_f32), sage_log2f(x) (hardware v_log_f32, x > 0
@@ -200,13 +202,24 @@ SAGE_DEVICE int sage_cvt_pk_fp8(float x, float y, int old, bool hi) {
   return hi ? __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, true)
             : __builtin_amdgcn_cvt_pk_fp8_f32(x, y, old, false);
 }
+typedef _Float16 sage_v8f16 __attribute__((ext_vector_type(8)));
+SAGE_DEVICE v8f32 sage_wmma_f32_f16(u32x4 a, u32x4 b, v8f32 c) {
+  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32_gfx12(__builtin_bit_cast(sage_v8f16, a),
+                                                          __builtin_bit_cast(sage_v8f16, b), c);
+}
 #else
 template <bool kSignedA, bool kSignedB, bool kClamp>
 v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c) = delete;
 v8i32 sage_wmma_i32_iu8(v2i32 a, v2i32 b, v8i32 c) = delete;
 v8f32 sage_wmma_f32_fp8(v2i32 a, v2i32 b, v8f32 c) = delete;
 int sage_cvt_pk_fp8(float x, float y, int old, bool hi) = delete;
+v8f32 sage_wmma_f32_f16(u32x4 a, u32x4 b, v8f32 c) = delete;
 #endif
+// Two f32 -> packed FP16 (x low, y high), each rounded to nearest even (v_cvt_f16_f32).
+SAGE_DEVICE uint32_t sage_cvt_pk_f16(float x, float y) {
+  typedef _Float16 v2f16 __attribute__((ext_vector_type(2)));
+  return __builtin_bit_cast(uint32_t, v2f16{static_cast<_Float16>(x), static_cast<_Float16>(y)});
+}
 #if !defined(SAGE_HIPRTC) || __has_builtin(__builtin_amdgcn_exp2f)
 SAGE_DEVICE float sage_exp2f(float x) { return __builtin_amdgcn_exp2f(x); }
 #else

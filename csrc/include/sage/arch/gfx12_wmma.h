@@ -9,6 +9,14 @@
 //   A (M x K): row r,      column 8h + j
 //   B (K x N): row 8h + j, column r
 //   C/D (M x N): row 8h + j, column r
+// 16-bit operands (v_wmma_f32_16x16x16_f16: 8 halves per lane, element j in VGPR j / 2) hold
+// the same row / column r, and K index k16(h, j) below. Which of two readings is the
+// hardware's, public sources disagree (AMD GPUOpen's RDNA4 article and Composable-Kernel-style
+// tables: 8h + j, as for 8-bit; other RDNA4 ports: K interleaved in groups of 4 between the
+// half-waves). The kernels do not depend on it: a WMMA multiplies A's element j of half h
+// with B's element j of half h whenever both operands use the same map, so a contraction is
+// right for ANY map shared by A and B — op_tests/test_gfx12_layout.py proves the FP16 P·V for
+// both readings, and the emulator models the interleaved one (the less convenient case).
 #pragma once
 #include "sage/platform.h"
 
@@ -36,6 +44,10 @@ SAGE_HD constexpr int b_col(int lane) { return lane_idx(lane); }
 // C/D accumulator: element j of `lane` is C[c_row(lane, j)][c_col(lane)].
 SAGE_HD constexpr int c_row(int lane, int j) { return 8 * lane_half(lane) + j; }
 SAGE_HD constexpr int c_col(int lane) { return lane_idx(lane); }
+// 16-bit A / B operands, the interleaved reading: K = 4h + j for j < 4, 8 + 4h + (j - 4) after.
+SAGE_HD constexpr int k16_interleaved(int lane, int j) {
+  return 4 * lane_half(lane) + (j & 3) + 8 * (j >> 2);
+}
 
 }  // namespace gfx12
 }  // namespace sage
