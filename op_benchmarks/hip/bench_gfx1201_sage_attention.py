@@ -11,8 +11,12 @@ Providers
              the same, pinned to one torch SDPA backend (torch.nn.attention.sdpa_kernel;
              CUDA GPUs). On NVIDIA: --providers sage sage_core sdpa_cudnn sdpa_flash
 
-Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head), each a
-CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
+Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head),
+--pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), each a CSV
+column. Where a backend's attention has FP16 P·V but its prepare has no FP16 V yet (cuda: the
+prepare is csrc/gfx12/prepare.hip's), sage_core runs on V quantized by ref.quantize_v (the
+spec's FP16 V, what prepare must give bit for bit) and the sage provider is left out (a note
+says so). Timing: warm-up calls, then `--rounds` rounds in which every provider runs
 `--iters` timed calls in turn (interleaved, so drift hits all alike); the median per-call time
 over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a
 causal kernel does). With --compare_to_ref each provider's output is also scored against the
@@ -92,9 +96,27 @@ def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0):
     return tuple(torch.randn(sh, generator=g).to(dtype).to(device) for sh in shapes)
 
 
-def provider_calls(q, k, v, scale, backend, causal):
+def spec_fp16_v(q, k, v, scale, backend):
+    """Prepared tensors with FP16 V for a backend whose prepare lacks it: its own FP8-mode Q/K
+    (the P·V mode leaves them alone) and ref.quantize_v's FP16 V, computed on the CPU."""
+    q8, qs, k8, ks, _, _ = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
+    pad = q8.shape[-1] - v.shape[-1]  # channels prepare zero-pads to the kernel head dim
+    v16, vs = ref.quantize_v(torch.nn.functional.pad(v.cpu(), (0, pad)), "fp16")
+    return (q8, qs, k8, ks, v16.to(q8.device), vs.to(q8.device))
+
+
+def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8"):
     """name -> zero-argument callable returning the output in [B, S, H, D]."""
-    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
+    try:
+        prepared = aiter_sage.gfx1201_sage_prepare(
+            q, k, v, scale, pv_dtype=pv_dtype, backend=backend
+        )
+        full_op = True
+    except RuntimeError as e:
+        if pv_dtype != "fp16" or "prepare" not in str(e) or "pv_dtype" not in str(e):
+            raise
+        print(f"# note: {e}; sage_core uses ref.quantize_v's FP16 V, the sage provider is skipped")
+        prepared, full_op = spec_fp16_v(q, k, v, scale, backend), False
     s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -117,11 +139,14 @@ def provider_calls(q, k, v, scale, backend, causal):
 
         return call
 
+    def sage():
+        return aiter_sage.gfx1201_sage_attention(
+            q, k, v, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
+        )
+
     return {
         **{n: pinned(n) for n in SDPA_BACKENDS},
-        "sage": lambda: aiter_sage.gfx1201_sage_attention(
-            q, k, v, scale, is_causal=causal, backend=backend
-        ),
+        **({"sage": sage} if full_op else {}),
         "sage_core": core,
         "sdpa": lambda: sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
             1, 2
@@ -196,7 +221,7 @@ def run(args):
         scale = d**-0.5
         calls = {
             n: f
-            for n, f in provider_calls(q, k, v, scale, backend, args.causal).items()
+            for n, f in provider_calls(q, k, v, scale, backend, args.causal, args.pv_dtype).items()
             if n in providers
         }
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
@@ -218,6 +243,7 @@ def run(args):
                 dtype=args.dtype,
                 causal=args.causal,
                 gqa=args.gqa,
+                pv_dtype=args.pv_dtype,
                 provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
                 tflops=flops / times[name] / 1e12,
@@ -261,6 +287,12 @@ def main(argv=None):
     p.add_argument("--head_dim", type=int, default=128, help="head dim D (<= 128)")
     p.add_argument("--causal", action="store_true", help="causal attention (is_causal=True)")
     p.add_argument("--gqa", type=int, default=1, help="query heads per key/value head")
+    p.add_argument(
+        "--pv_dtype",
+        choices=ref.PV_DTYPES,
+        default="fp8",
+        help="P·V operands of the sage providers",
+    )
     p.add_argument("--backend", choices=aiter_sage.BACKENDS, help="default: best present")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
