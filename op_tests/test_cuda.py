@@ -215,6 +215,7 @@ SANITIZED = textwrap.dedent(
     import sys, torch
     sys.path.insert(0, {repo!r})
     import aiter_sage
+    from aiter_sage import ref
     g = torch.Generator().manual_seed(0)
     for d, causal in ((128, False), (64, True)):
         q, k, v = (
@@ -222,6 +223,11 @@ SANITIZED = textwrap.dedent(
         )
         out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal,
                                                 smooth_k=True, return_lse=True)
+        # FP16 P.V on the spec's FP16 V (the cuda prepare has none yet): 200 keys, so the
+        # second 128-key tile is partly past kv_len (zero-filled V16 chunks)
+        p16 = [t.cuda() for t in ref.prepare(q.cpu(), k.cpu(), v.cpu(), pv_dtype="fp16")]
+        out = aiter_sage.gfx1201_sage_attention_fwd(*p16, 200, is_causal=causal,
+                                                    backend="cuda", return_lse=True)
     torch.cuda.synchronize()
     print("sanitized run done")
     """

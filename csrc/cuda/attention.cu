@@ -81,7 +81,7 @@ struct Traits {
   static constexpr int kVPartBytes = kDp * kSwizzleBytes;
   static constexpr int kQBytes = kBlockM * kDp;
   static constexpr int kKBytes = kBlockN * kDp;
-  static constexpr int kVBytes = kDp * kVRowBytes;
+  static constexpr int kVBytes = kVParts * kVPartBytes;  // = kDp * kVRowBytes
   static constexpr int kStageBytes = kKBytes + kVBytes;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
   static constexpr int kBarOffset = kQBytes + kStages * kStageBytes;
@@ -370,8 +370,8 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   for (int h = 0; h < 2; ++h) c.l[h] = c.l[h] * alpha[h] + sum[h];
 }
 
-// P (f32, the softmax numerators) -> e4m3 A fragments of the PV wgmma. Runs only once no PV
-// wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
+// P (f32, the softmax numerators) -> e4m3 (or FP16) A fragments of the PV wgmma. Runs only once no
+// PV wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
 // extend their live range to the wait, so a write there would serialize the wgmmas, C7513).
 template <class T>
 __device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4]) {
