@@ -196,8 +196,9 @@ def test_fwd_takes_fp16_v_and_reads_mode_from_dtype():
 
 
 # The cuda kernels against the spec's FP16 model: BF16 output rounding and the 128-key tile
-# (P rounded against another running max) keep them within this rel L2 of it (measured on an
-# H200: see the README); the e4m3-P model is ~0.03 away, so the limit tells the modes apart.
+# (P rounded against another running max) keep them near it (rel L2 4.3e-4 / 5.5e-4 measured
+# on an H200 for S = 1000, D 64 causal / D 128; the FP8 kernels sit 0.011 from the e4m3-P
+# model); the e4m3-P model is ~0.03 from the FP16 one, so the limit tells the modes apart.
 CUDA_FP16_MODEL_RTOL = 4e-3
 
 
