@@ -41,6 +41,7 @@ def test_default_providers_run_and_are_in_band(tmp_path):
             dict(H="4", gqa="2", causal="True", dtype="fp16", D="64"),
         ),
         (["-n", "1", "--head_dim", "72"], dict(D="72", causal="False", dtype="bf16")),
+        (["-n", "2", "--pv_dtype", "fp16"], dict(pv_dtype="fp16", dtype="bf16")),
     ],
 )
 def test_problem_options_are_columns(tmp_path, options, expect):

@@ -1,8 +1,9 @@
 """The cuda (NVIDIA Hopper, sm_90) backend.
 
 Without a GPU (CI): both cuda modules compile with nvcc for sm_90a through the JIT's own
-toolchain flags; the attention kernel's PTX issues wgmma (s8 x s8 and e4m3 x e4m3) and ptxas
-reports no local-memory spills; prepare is built without multiply-add contraction.
+toolchain flags; the attention kernel's PTX issues wgmma (s8 x s8, e4m3 x e4m3 and, for
+pv_dtype="fp16", f16 x f16) and ptxas reports no local-memory spills for every kernel variant;
+prepare is built without multiply-add contraction.
 On an sm_90 GPU: graph capture and replay, a non-default stream, torch.compile and opcheck, and
 compute-sanitizer memcheck/racecheck on a small shape. (The op tests of
 test_gfx1201_sage_prepare.py, test_gfx1201_sage_attention.py and test_contract_v2.py run on the
@@ -56,21 +57,47 @@ def attention_build(tmp_path_factory):
     return log, (tmp / "a.ptx").read_text()
 
 
+def _kernels(ptx: str) -> dict[tuple[int, bool], str]:
+    """(head dim, FP16 P.V) -> the PTX of the non-ping-pong attention kernel of that variant,
+    from the mangled names of attention_kernel<Traits<kDp, kStages, kPingPong, kPv16>>."""
+    found = {}
+    for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
+        m = re.match(r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])E", part)
+        assert m, part[:200]
+        if m.group(2) == "0":
+            found[(int(m.group(1)), m.group(3) == "1")] = part
+    return found
+
+
 def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.s32\.s8\.s8", ptx)
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx)
-    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n64k32\.f32\.e4m3\.e4m3", ptx)
-    assert "cp.async.mbarrier.arrive.noinc" in ptx and "setmaxnreg" in ptx
+    kernels = _kernels(ptx)
+    assert set(kernels) == {(64, False), (128, False), (64, True), (128, True)}
+    wgmma = r"wgmma\.mma_async\.sync\.aligned\."
+    for (d, fp16_pv), body in kernels.items():
+        assert re.search(wgmma + r"m64n128k32\.s32\.s8\.s8", body), d  # Q.K^T
+        pv = rf"m64n{d}k16\.f32\.f16\.f16" if fp16_pv else rf"m64n{d}k32\.f32\.e4m3\.e4m3"
+        other = rf"m64n{d}k32\.f32\.e4m3" if fp16_pv else rf"m64n{d}k16\.f32\.f16"
+        assert re.search(wgmma + pv, body), (d, fp16_pv)
+        assert not re.search(wgmma + other, body), (d, fp16_pv)  # one P.V mode per kernel
+        assert ("e4m3x2" in body) != fp16_pv  # P is rounded to e4m3 in the FP8 kernels only
+        assert "cp.async.mbarrier.arrive.noinc" in body and "setmaxnreg" in body
 
 
 def test_attention_has_no_spills(attention_build):
     log, _ = attention_build
-    frames = re.findall(
-        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log
+    frames = dict(
+        re.findall(
+            r"Function properties for (\S+)\n\s*"
+            r"(\d+ bytes stack frame, \d+ bytes spill stores, \d+ bytes spill loads)",
+            log,
+        )
     )
-    assert len(frames) >= 2, log  # the Dp = 64 and Dp = 128 kernels (each ring depth)
-    assert all(f == ("0", "0", "0") for f in frames), log
+    # Dp 64 and 128 with FP8 and with FP16 P.V (and the FP8 ping-pong variants)
+    variants = {re.search(r"TraitsILi(\d+)ELi\d+ELb[01]ELb([01])E", n).groups() for n in frames}
+    assert variants == {("64", "0"), ("128", "0"), ("64", "1"), ("128", "1")}, log
+    spill_free = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert all(f == spill_free for f in frames.values()), log
 
 
 def test_attention_wgmmas_are_not_serialized(attention_build):
@@ -195,6 +222,10 @@ SANITIZED = textwrap.dedent(
         )
         out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal,
                                                 smooth_k=True, return_lse=True)
+        # FP16 P.V, prepare (v_quant16) and attention: 200 keys, so the second 128-key
+        # tile is partly past kv_len (zero-filled V16 chunks)
+        out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal,
+                                                pv_dtype="fp16", return_lse=True)
     torch.cuda.synchronize()
     print("sanitized run done")
     """

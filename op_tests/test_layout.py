@@ -171,5 +171,35 @@ def test_scalar_fp16_conversions_match_torch(probe):
     assert torch.equal(dec.nan_to_num(7.0), halves.nan_to_num(7.0))
 
 
+@pytest.mark.parametrize(
+    "fields,prepare,names",
+    [
+        (dict(head_dim_pad=64), 1, "head dims <= 64"),
+        (dict(fp16=1), 1, "float16 tensors"),
+        (dict(heads_q=4, heads_kv=2), 0, "grouped-query attention"),
+        (dict(pv16=1), 1, 'pv_dtype="fp16" (FP16 P.V)'),
+        (dict(pv16=1), 0, 'pv_dtype="fp16" (FP16 P.V)'),
+        (dict(causal=1), 0, "causal attention"),
+        (dict(lse=1), 0, "return_lse"),
+        (dict(smooth_k=1), 1, "smooth_k"),
+        (dict(smooth_k=1), 0, "the LSE of smoothed K"),
+    ],
+)
+def test_check_features_refuses_by_name(probe, fields, prepare, names):
+    """check.h's Features gate (every backend implements all of contract v2 today, so no op
+    test reaches it): a backend with only contract v1 refuses each v2 feature, naming it and
+    the launch; the same launch without the feature passes."""
+    base = dict(
+        head_dim_pad=128, fp16=0, heads_q=2, heads_kv=2, causal=0, lse=0, smooth_k=0, pv16=0
+    )
+    order = ("head_dim_pad", "fp16", "heads_q", "heads_kv", "causal", "lse", "smooth_k", "pv16")
+    probe.sage_module_last_error.restype = ctypes.c_char_p
+    assert probe.sage_v1_refuses(prepare, *(base[k] for k in order)) == 0
+    assert probe.sage_v1_refuses(prepare, *({**base, **fields}[k] for k in order)) == 1
+    msg = probe.sage_module_last_error().decode()
+    launch = "sage_prepare_launch" if prepare else "sage_attention_launch"
+    assert msg == f"{launch}: the v1 backend does not support {names} yet", msg
+
+
 if __name__ == "__main__":
     run_as_script(__file__)

@@ -3,6 +3,9 @@
 // softmax in the exp2 domain with the e4m3 scale folded into the exponent (ref.py EXP_OFFSET),
 // P rounded to e4m3 in registers, O += P8 . V8 with e4m3 x e4m3 -> f32 wgmma (P from registers,
 // V from shared memory), FP32 accumulation, O = acc / l * v_scale.
+// pv_dtype FP16 (ref.py "FP16 P.V"): the same steps with P rounded to FP16 (RNE) and FP16 V codes,
+// O += P16 . V16 with f16 x f16 -> f32 wgmma m64nNk16: a template variant of its own (kPv16), so
+// the FP8 kernels are unchanged.
 //
 // One CTA = 128 query rows of one (batch, query head): three warpgroups.
 //   warpgroup 0      producer: cp.async copies of the Q tile and of each 128-key K/V tile into
@@ -19,7 +22,9 @@
 //   Q tile  [128 rows][Dp bytes], K tile [128 keys][Dp bytes], V tile [Dp channels][128 keys]
 //   (V arrives transposed from prepare: [B, Hkv, Dp, S_pad]). Rows of Dp = 128 bytes use the
 //   128-byte swizzle, rows of 64 bytes the 64-byte swizzle: 16-byte chunk c of row n is stored
-//   at chunk c ^ ((n * row_bytes / 128) % (row_bytes / 16)).
+//   at chunk c ^ ((n * row_bytes / 128) % (row_bytes / 16)). An FP16 V tile has 256-byte rows
+//   (128 keys x 2 bytes), more than one 128-byte swizzle atom holds: it is stored as two
+//   [Dp][64 keys] halves of 128-byte rows, keys 0-63 then 64-127.
 //
 // P from registers without shuffles: the wgmma accumulator of S gives thread (g = lane / 4,
 // t = lane % 4) columns 8j + 2t + e of rows g, g + 8 of each 8-column chunk j, while the A
@@ -28,6 +33,9 @@
 // key 16G + 4t + 2j + e. Then S column 16G + 8j + 2t + e scores exactly the key that P's k
 // position 16G + 4t + 2j + e meets in V (natural order), and four accumulator values of a row
 // pack straight into one A register.
+// FP16 P.V needs no permutation: the A fragment of an f16 k16 step wants k positions 2t + e and
+// 8 + 2t + e of rows g, g + 8, which are exactly the S accumulator's columns 8j + 2t + e of the
+// step's two 8-column chunks; K rows are loaded in natural order and S column c scores key c.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -52,22 +60,38 @@ constexpr int kThreads = 384;
 constexpr int kConsumerWarps = 8;
 constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr int kSwizzleBytes = 128;  // row bytes of the widest swizzle (one swizzle atom's row)
+constexpr int kChunkBytes = 16;     // one cp.async / one swizzle unit
 
-template <int kDp, int kStages_, bool kPingPong_ = false>
+template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
   // The two consumer warpgroups take turns issuing their wgmmas (named barriers 1 and 2), so
   // one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
   static constexpr bool kPingPong = kPingPong_;
+  // P.V operands: FP16 (pv_dtype FP16: P rounded to FP16, V16 codes) or e4m3.
+  static constexpr bool kPv16 = kPv16_;
+  static constexpr int kVElemBytes = kPv16 ? 2 : 1;
+  static constexpr int kPvK = kPv16 ? 16 : 32;  // keys per P.V wgmma (its k: 32 bytes of A)
+  static constexpr int kPvSteps = kBlockN / kPvK;
+  // Bytes of one channel's keys in a V tile, and the 128-byte-row halves they are stored in.
+  static constexpr int kVRowBytes = kBlockN * kVElemBytes;
+  static constexpr int kVParts = kVRowBytes / kSwizzleBytes;
+  static constexpr int kVPartBytes = kDp * kSwizzleBytes;
   static constexpr int kQBytes = kBlockM * kDp;
   static constexpr int kKBytes = kBlockN * kDp;
-  static constexpr int kVBytes = kDp * kBlockN;
+  static constexpr int kVBytes = kVParts * kVPartBytes;  // = kDp * kVRowBytes
   static constexpr int kStageBytes = kKBytes + kVBytes;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
   static constexpr int kBarOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 3 * kStages) + 1024;  // + alignment
   static_assert(kDp == 64 || kDp == 128, "");
+  static_assert(kVRowBytes % kSwizzleBytes == 0, "V tile rows are whole 128-byte swizzle rows");
+  // Each 128-byte-swizzled part starts on a 1024-byte swizzle atom (the stage and the Q tile
+  // are multiples of it too).
+  static_assert(kVPartBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kQBytes % 1024 == 0, "");
+  static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KiB of shared memory");
 };
 
 // ------------------------------------------------------------------ PTX helpers ------
@@ -178,9 +202,11 @@ __host__ __device__ constexpr int swz_offset(int row, int chunk, int row_bytes) 
 __host__ __device__ constexpr int k_row_key(int r) {
   return 4 * ((r >> 1) & 3) + 2 * (r >> 3) + (r & 1);
 }
-// Tile key of the S accumulator column of chunk c (0..15) and element e for thread t.
+// Tile key of the S accumulator column of chunk c (0..15) and element e for thread t: with
+// the FP8 kernels' permuted K rows, or (kPermutedK false, the FP16 P.V kernels) natural ones.
+template <bool kPermutedK = true>
 __host__ __device__ constexpr int s_col_key(int c, int t, int e) {
-  return 16 * (c >> 1) + 4 * t + 2 * (c & 1) + e;
+  return kPermutedK ? 16 * (c >> 1) + 4 * t + 2 * (c & 1) + e : 8 * c + 2 * t + e;
 }
 
 template <class T>
@@ -237,23 +263,39 @@ __device__ void produce(const SageParams& p, const Work& w, const Smem<T>& sm, i
 #pragma unroll
     for (int i = tid; i < kBlockN * kChunks; i += 128) {
       const int r = i / kChunks, c = i % kChunks;
-      const int key = key0 + (r & ~15) + k_row_key(r & 15);
+      // FP8 P.V: K rows permuted so S packs into e4m3 A fragments; FP16: natural order.
+      const int key = T::kPv16 ? key0 + r : key0 + (r & ~15) + k_row_key(r & 15);
       const bool in = key < p.kv_len_pad;
       const int8_t* src =
           p.k8 + qk8_offset(p.heads_kv, T::kDim, p.kv_len_pad, w.b, in ? key : 0, w.hkv, 16 * c);
       cp_async16(smem_u32(sm.k(s) + swz_offset(r, c, T::kDim)), src, in ? 16 : 0);
     }
     cp_async_arrive(sm.full_k(s));
+    // Keys >= kv_len: padded keys get P = 0, but their V codes may be anything (NaN codes
+    // included), and 0 * NaN is NaN in the MMA. cp.async fills the bytes past src_bytes with
+    // zeros, so each thread zeroes exactly the bytes it copies (no cross-thread hand-off).
+    if constexpr (T::kPv16) {
+      constexpr int kRowChunks = T::kVRowBytes / kChunkBytes;  // 16: 8 keys each
+      constexpr int kPartChunks = kSwizzleBytes / kChunkBytes;
+      constexpr int kKeysPerChunk = kChunkBytes / 2;
 #pragma unroll
-    for (int i = tid; i < T::kDim * (kBlockN / 16); i += 128) {
-      const int ch = i / (kBlockN / 16), c = i % (kBlockN / 16);
-      const int key = key0 + 16 * c;
-      // Keys >= kv_len: padded keys get P = 0, but their V codes may be anything (NaN codes
-      // included), and 0 * NaN is NaN in the MMA. cp.async fills the bytes past src_bytes with
-      // zeros, so each thread zeroes exactly the bytes it copies (no cross-thread hand-off).
-      const int bytes = min(16, max(0, p.kv_len - key));
-      const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
-      cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, bytes);
+      for (int i = tid; i < T::kDim * kRowChunks; i += 128) {
+        const int ch = i / kRowChunks, c = i % kRowChunks;
+        const int key = key0 + kKeysPerChunk * c;
+        const int bytes = 2 * min(kKeysPerChunk, max(0, p.kv_len - key));
+        const uint16_t* src = p.v16 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
+        uint8_t* dst = sm.v(s) + (c / kPartChunks) * T::kVPartBytes;
+        cp_async16(smem_u32(dst + swz_offset(ch, c % kPartChunks, kSwizzleBytes)), src, bytes);
+      }
+    } else {
+#pragma unroll
+      for (int i = tid; i < T::kDim * (kBlockN / 16); i += 128) {
+        const int ch = i / (kBlockN / 16), c = i % (kBlockN / 16);
+        const int key = key0 + 16 * c;
+        const int bytes = min(16, max(0, p.kv_len - key));
+        const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
+        cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, bytes);
+      }
     }
     cp_async_arrive(sm.full_v(s));
   }
@@ -270,7 +312,7 @@ struct Consumer {
   float qs;                               // Q scale of the thread's rows (one 32-row block)
   float m[2], l[2];                       // running max (log2 units), partial row sums
   float o[kOAcc];
-  uint32_t pa[kBlockN / 32][4];  // P (e4m3) as A fragments, one per k32 step
+  uint32_t pa[T::kPvSteps][4];  // P (e4m3 or FP16) as A fragments, one per P.V k step
 };
 
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
@@ -294,7 +336,7 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
         const int i = 4 * ch + 2 * h + e;
         float v = float(s[i]) * sc[ch >> 2];
         if (kMasked) {
-          const int key = key0 + s_col_key(ch, c.t, e);
+          const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
           const int row = c.row0 + 8 * h;
           if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
         }
@@ -328,20 +370,34 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   for (int h = 0; h < 2; ++h) c.l[h] = c.l[h] * alpha[h] + sum[h];
 }
 
-// P (f32, the softmax numerators) -> e4m3 A fragments of the PV wgmma. Runs only once no PV
-// wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
+// P (f32, the softmax numerators) -> e4m3 (or FP16) A fragments of the PV wgmma. Runs only once no
+// PV wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
 // extend their live range to the wait, so a write there would serialize the wgmmas, C7513).
-__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[kBlockN / 32][4]) {
-  // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
-  // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
+template <class T>
+__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4]) {
+  if constexpr (T::kPv16) {
+    // A register r of k16 step kb: row half r & 1, chunk 2kb + (r >> 1), elements e = 0, 1
+    // (low half first): accumulators 8kb + 2r + e. RNE, as ref.py's pr.half(); P' <= 448.
 #pragma unroll
-  for (int kb = 0; kb < kBlockN / 32; ++kb) {
+    for (int kb = 0; kb < T::kPvSteps; ++kb) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int h = r & 1, ch = 4 * kb + 2 * (r >> 1);
-      const uint32_t lo = e4m3x2(f[4 * ch + 2 * h], f[4 * ch + 2 * h + 1]);
-      const uint32_t hi = e4m3x2(f[4 * (ch + 1) + 2 * h], f[4 * (ch + 1) + 2 * h + 1]);
-      pa[kb][r] = lo | (hi << 16);
+      for (int r = 0; r < 4; ++r) {
+        const __half2 h = __floats2half2_rn(f[8 * kb + 2 * r], f[8 * kb + 2 * r + 1]);
+        pa[kb][r] = *reinterpret_cast<const uint32_t*>(&h);
+      }
+    }
+  } else {
+    // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
+    // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
+#pragma unroll
+    for (int kb = 0; kb < T::kPvSteps; ++kb) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int h = r & 1, ch = 4 * kb + 2 * (r >> 1);
+        const uint32_t lo = e4m3x2(f[4 * ch + 2 * h], f[4 * ch + 2 * h + 1]);
+        const uint32_t hi = e4m3x2(f[4 * (ch + 1) + 2 * h], f[4 * (ch + 1) + 2 * h + 1]);
+        pa[kb][r] = lo | (hi << 16);
+      }
     }
   }
 }
@@ -374,23 +430,35 @@ __device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[64]) {
       wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
   }
 }
+template <class T>
 struct PvDesc {
-  uint64_t b[kBlockN / 32];
+  uint64_t b[T::kPvSteps];
 };
 template <class T>
-__device__ __forceinline__ PvDesc pv_desc(const Smem<T>& sm, int stage) {
-  PvDesc d;
+__device__ __forceinline__ PvDesc<T> pv_desc(const Smem<T>& sm, int stage) {
+  PvDesc<T> d;
   const uint32_t va = smem_u32(sm.v(stage));
+  // Each k step reads 32 bytes of every V row: k step kb lies in 128-byte part
+  // kb / kStepsPerPart at byte 32 * (kb % kStepsPerPart) (one part for FP8).
+  constexpr int kStepBytes = 32;
+  constexpr int kStepsPerPart = kSwizzleBytes / kStepBytes;
 #pragma unroll
-  for (int kb = 0; kb < kBlockN / 32; ++kb) d.b[kb] = make_desc(va + 32 * kb, 128);
+  for (int kb = 0; kb < T::kPvSteps; ++kb)
+    d.b[kb] =
+        make_desc(va + (kb / kStepsPerPart) * T::kVPartBytes + kStepBytes * (kb % kStepsPerPart),
+                  kSwizzleBytes);
   return d;
 }
 template <class T>
-__device__ __forceinline__ void issue_pv(const PvDesc& d, float (&o)[T::kDim / 2],
-                                         const uint32_t (&pa)[kBlockN / 32][4]) {
+__device__ __forceinline__ void issue_pv(const PvDesc<T>& d, float (&o)[T::kDim / 2],
+                                         const uint32_t (&pa)[T::kPvSteps][4]) {
 #pragma unroll
-  for (int kb = 0; kb < kBlockN / 32; ++kb) {
-    if constexpr (T::kDim == 128)
+  for (int kb = 0; kb < T::kPvSteps; ++kb) {
+    if constexpr (T::kPv16 && T::kDim == 128)
+      wgmma_m64n128k16_f32_f16(o, pa[kb], d.b[kb]);
+    else if constexpr (T::kPv16)
+      wgmma_m64n64k16_f32_f16(o, pa[kb], d.b[kb]);
+    else if constexpr (T::kDim == 128)
       wgmma_m64n128k32_f32_e4m3(o, pa[kb], d.b[kb]);
     else
       wgmma_m64n64k32_f32_e4m3(o, pa[kb], d.b[kb]);
@@ -455,7 +523,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     softmax_tile<T, true>(pk, c, s, 0, alpha, f);
   else
     softmax_tile<T, false>(pk, c, s, 0, alpha, f);
-  pack_p(f, c.pa);
+  pack_p<T>(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
@@ -463,7 +531,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
     fence_proxy_async();
     QkDesc<T> qd = qk_desc(sm, wg, st);
-    PvDesc vd = pv_desc(sm, prev);
+    PvDesc<T> vd = pv_desc(sm, prev);
     reg_fence(qd.a);
     reg_fence(qd.b);
     reg_fence(vd.b);
@@ -490,13 +558,13 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     if (lane == 0) mbar_arrive(sm.empty(prev));
 #pragma unroll
     for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
-    pack_p(f, c.pa);
+    pack_p<T>(f, c.pa);
   }
   {
     const int last = (w.n_tiles - 1) % T::kStages;
     mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
     fence_proxy_async();
-    PvDesc vd = pv_desc(sm, last);
+    PvDesc<T> vd = pv_desc(sm, last);
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
@@ -596,7 +664,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
 
 namespace {
-constexpr sage::Features kCudaFeatures = sage::kContractV2Features;
+// All of contract v2, FP16 P.V (the kPv16 kernels) included. The cuda prepare is
+// csrc/gfx12/prepare.hip's and checks its own features.
+constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
 
 template <class T>
 int launch(const SageParams& p, cudaStream_t stream) {
@@ -648,13 +718,17 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
         "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
-  // AITER_SAGE_CUDA_PINGPONG=1 (measurements only): the consumer warpgroups take turns issuing
-  // their wgmmas. Off by default: on an H200 it measured 5.76 vs 5.78 ms at S = 16k, D = 128
-  // (no gain) and 5.03 vs 4.82 ms at D = 64 (a loss).
+  // AITER_SAGE_CUDA_PINGPONG=1 (measurements only, FP8 P.V kernels): the consumer warpgroups
+  // take turns issuing their wgmmas. Off by default: on an H200 it measured 5.76 vs 5.78 ms at
+  // S = 16k, D = 128 (no gain) and 5.03 vs 4.82 ms at D = 64 (a loss).
   static const bool pingpong = [] {
     const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
     return e && e[0] == '1';
   }();
+  // The one place where the head dim and the P.V mode become template arguments.
+  if (p.pv_dtype == SAGE_PV_FP16)
+    return p.head_dim_pad == SAGE_HEAD_DIM_SMALL ? launch<s9::Traits<64, 4, false, true>>(p, st)
+                                                 : launch<s9::Traits<128, 4, false, true>>(p, st);
   if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL)
     return pingpong ? launch<s9::Traits<64, 4, true>>(p, st) : launch<s9::Traits<64, 4>>(p, st);
   return pingpong ? launch<s9::Traits<128, 4, true>>(p, st) : launch<s9::Traits<128, 4>>(p, st);

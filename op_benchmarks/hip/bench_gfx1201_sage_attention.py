@@ -11,8 +11,9 @@ Providers
              the same, pinned to one torch SDPA backend (torch.nn.attention.sdpa_kernel;
              CUDA GPUs). On NVIDIA: --providers sage sage_core sdpa_cudnn sdpa_flash
 
-Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head), each a
-CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
+Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head),
+--pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), each a CSV
+column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
 `--iters` timed calls in turn (interleaved, so drift hits all alike); the median per-call time
 over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a
 causal kernel does). With --compare_to_ref each provider's output is also scored against the
@@ -92,9 +93,9 @@ def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0):
     return tuple(torch.randn(sh, generator=g).to(dtype).to(device) for sh in shapes)
 
 
-def provider_calls(q, k, v, scale, backend, causal):
+def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8"):
     """name -> zero-argument callable returning the output in [B, S, H, D]."""
-    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, backend=backend)
+    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, pv_dtype=pv_dtype, backend=backend)
     s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -117,11 +118,14 @@ def provider_calls(q, k, v, scale, backend, causal):
 
         return call
 
+    def sage():
+        return aiter_sage.gfx1201_sage_attention(
+            q, k, v, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
+        )
+
     return {
         **{n: pinned(n) for n in SDPA_BACKENDS},
-        "sage": lambda: aiter_sage.gfx1201_sage_attention(
-            q, k, v, scale, is_causal=causal, backend=backend
-        ),
+        "sage": sage,
         "sage_core": core,
         "sdpa": lambda: sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
             1, 2
@@ -196,7 +200,7 @@ def run(args):
         scale = d**-0.5
         calls = {
             n: f
-            for n, f in provider_calls(q, k, v, scale, backend, args.causal).items()
+            for n, f in provider_calls(q, k, v, scale, backend, args.causal, args.pv_dtype).items()
             if n in providers
         }
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
@@ -218,6 +222,7 @@ def run(args):
                 dtype=args.dtype,
                 causal=args.causal,
                 gqa=args.gqa,
+                pv_dtype=args.pv_dtype,
                 provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
                 tflops=flops / times[name] / 1e12,
@@ -261,6 +266,12 @@ def main(argv=None):
     p.add_argument("--head_dim", type=int, default=128, help="head dim D (<= 128)")
     p.add_argument("--causal", action="store_true", help="causal attention (is_causal=True)")
     p.add_argument("--gqa", type=int, default=1, help="query heads per key/value head")
+    p.add_argument(
+        "--pv_dtype",
+        choices=ref.PV_DTYPES,
+        default="fp8",
+        help="P·V operands of the sage providers",
+    )
     p.add_argument("--backend", choices=aiter_sage.BACKENDS, help="default: best present")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")

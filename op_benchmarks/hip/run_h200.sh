@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | te
 python3 op_tests/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log" || exit 1
 if [[ $STAGE == all || $STAGE == tests ]]; then
   timeout 300 python3 -m pytest -q -k "cuda" op_tests/test_gfx1201_sage_prepare.py \
-    op_tests/test_gfx1201_sage_attention.py op_tests/test_contract_v2.py $( [ -f op_tests/test_cuda.py ] && echo op_tests/test_cuda.py) \
+    op_tests/test_gfx1201_sage_attention.py op_tests/test_contract_v2.py op_tests/test_long_and_guardrails.py $( [ -f op_tests/test_cuda.py ] && echo op_tests/test_cuda.py) \
     2>&1 | tee "$OUT/tests.log" | tail -30
 fi
 if [[ $STAGE == all || $STAGE == bench ]]; then
@@ -19,5 +19,8 @@ if [[ $STAGE == all || $STAGE == bench ]]; then
     2>&1 | tee "$OUT/bench.log"
   python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --head_dim 64 \
     --providers sage sage_core sdpa_cudnn sdpa_flash --compare_to_ref -o "$OUT/bench_d64.csv" \
+    2>&1 | tee -a "$OUT/bench.log"
+  python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --pv_dtype fp16 \
+    --providers sage sage_core sdpa_cudnn --compare_to_ref -o "$OUT/bench_fp16.csv" \
     2>&1 | tee -a "$OUT/bench.log"
 fi

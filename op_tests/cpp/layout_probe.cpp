@@ -1,4 +1,5 @@
 // Host probe of csrc/include/sage/layout.h and quant.h for op_tests/test_layout.py.
+#include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/quant.h"
@@ -29,4 +30,22 @@ SAGE_EXPORT uint16_t sage_f32_to_fp16(float x) { return sage::f32_to_fp16(x); }
 SAGE_EXPORT float sage_fp16_to_f32(uint16_t h) { return sage::fp16_to_f32(h); }
 SAGE_EXPORT float sage_rms_sum_squares(const float* x, int head_dim) {
   return sage::rms_sum_squares(x, head_dim);
+}
+// check_features of a backend with only contract v1 (kV1Features) on a launch that asks for
+// one feature: 1 if refused (the message: sage_module_last_error), 0 if accepted.
+SAGE_EXPORT int sage_v1_refuses(int prepare, int head_dim_pad, int fp16, int heads_q, int heads_kv,
+                                int causal, int lse, int smooth_k, int pv16) {
+  SageParams p{};
+  p.head_dim_pad = head_dim_pad;
+  p.in_dtype = p.out_dtype = fp16 ? SAGE_DTYPE_FP16 : SAGE_DTYPE_BF16;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.mask = causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
+  float dummy = 0.0f;
+  p.lse = lse ? &dummy : nullptr;
+  p.smooth_k = smooth_k;
+  p.lse_corr = smooth_k ? &dummy : nullptr;
+  p.pv_dtype = pv16 ? SAGE_PV_FP16 : SAGE_PV_FP8;
+  const auto launch = prepare ? sage::Launch::kPrepare : sage::Launch::kAttention;
+  return sage::check_features(&p, launch, sage::kV1Features, "v1") ? 0 : 1;
 }
