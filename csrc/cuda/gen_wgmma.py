@@ -47,38 +47,48 @@ def qk_init(n):  # s32 = s8 x s8 (the accumulators are outputs only: no input re
     return "\n".join(lines)
 
 
-def pv(n):  # f32 += e4m3 (regs) x e4m3 (smem desc)
-    nacc = n // 2
-    lines = [
-        f"// D[64 x {n}] (f32) += A[64 x 32] . B[32 x {n}], e4m3 x e4m3; A in registers (4 x 4",
-        "// bytes per thread, wgmma's register fragment), B K-major in shared memory.",
-        f"SAGE_WGMMA_DEVICE void wgmma_m64n{n}k32_f32_e4m3(float (&d)[{nacc}], "
-        "const uint32_t (&a)[4],",
-        "                                                 uint64_t b) {",
-        "  asm volatile(",
-        '      "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 {{{regs(0, nacc)}}}, "',
-        f'      "{{{regs(nacc, 4)}}}, %{nacc + 4}, p, 1, 1;\\n}}\\n"',
-        "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));',
-        "}",
-    ]
-    return "\n".join(lines)
+# The P.V wgmma of each P.V mode: K per instruction, PTX A/B type, wrapper suffix, the
+# trailing immediates (scale-a, scale-b, and for 16-bit types imm-trans-b = 0: B K-major) and
+# the comment lines on the A fragment and B.
+PV_KINDS = {
+    "e4m3": (
+        32,
+        "e4m3.e4m3",
+        "e4m3",
+        "1, 1",
+        "e4m3 x e4m3; A in registers (4 x 4",
+        [
+            "// bytes per thread, wgmma's register fragment), B K-major in shared memory.",
+        ],
+    ),
+    "f16": (
+        16,
+        "f16.f16",
+        "f16",
+        "1, 1, 0",
+        "f16 x f16; A in registers (4 x 2",
+        [
+            "// halves per thread, wgmma's register fragment), B K-major in shared memory "
+            "(the last",
+            "// immediate, imm-trans-b = 0, says K-major: 16-bit B operands may be either).",
+        ],
+    ),
+}
 
 
-def pv16(n):  # f32 += f16 (regs) x f16 (smem desc)
+def pv(n, kind):  # f32 += A (regs) x B (smem desc)
+    k, types, suffix, tail, comment, more = PV_KINDS[kind]
     nacc = n // 2
+    name = f"wgmma_m64n{n}k{k}_f32_{suffix}"
     lines = [
-        f"// D[64 x {n}] (f32) += A[64 x 16] . B[16 x {n}], f16 x f16; A in registers (4 x 2",
-        "// halves per thread, wgmma's register fragment), B K-major in shared memory (the last",
-        "// immediate, imm-trans-b = 0, says K-major: 16-bit B operands may be either).",
-        f"SAGE_WGMMA_DEVICE void wgmma_m64n{n}k16_f32_f16(float (&d)[{nacc}], "
-        "const uint32_t (&a)[4],",
-        "                                                uint64_t b) {",
+        f"// D[64 x {n}] (f32) += A[64 x {k}] . B[{k} x {n}], {comment}",
+        *more,
+        f"SAGE_WGMMA_DEVICE void {name}(float (&d)[{nacc}], const uint32_t (&a)[4],",
+        " " * len(f"SAGE_WGMMA_DEVICE void {name}(") + "uint64_t b) {",
         "  asm volatile(",
         '      "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{{regs(0, nacc)}}}, "',
-        f'      "{{{regs(nacc, 4)}}}, %{nacc + 4}, p, 1, 1, 0;\\n}}\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {{{regs(0, nacc)}}}, "',
+        f'      "{{{regs(nacc, 4)}}}, %{nacc + 4}, p, {tail};\\n}}\\n"',
         "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
         '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));',
         "}",
@@ -98,7 +108,7 @@ namespace sage {
 namespace sm90 {
 """
 
-body = [qk(128), qk_init(128), pv(128), pv(64), pv16(128), pv16(64)]
+body = [qk(128), qk_init(128), pv(128, "e4m3"), pv(64, "e4m3"), pv(128, "f16"), pv(64, "f16")]
 FOOTER = "\n\n}  // namespace sm90\n}  // namespace sage\n// clang-format on\n"
 out = HEADER + "\n\n".join(body) + FOOTER
 Path(__file__).with_name("sm90_wgmma.h").write_text(out)

@@ -46,7 +46,7 @@ SAGE_WGMMA_DEVICE void wgmma_m64n128k32_f32_e4m3(float (&d)[64], const uint32_t 
 // D[64 x 64] (f32) += A[64 x 32] . B[32 x 64], e4m3 x e4m3; A in registers (4 x 4
 // bytes per thread, wgmma's register fragment), B K-major in shared memory.
 SAGE_WGMMA_DEVICE void wgmma_m64n64k32_f32_e4m3(float (&d)[32], const uint32_t (&a)[4],
-                                                 uint64_t b) {
+                                                uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
@@ -72,7 +72,7 @@ SAGE_WGMMA_DEVICE void wgmma_m64n128k16_f32_f16(float (&d)[64], const uint32_t (
 // halves per thread, wgmma's register fragment), B K-major in shared memory (the last
 // immediate, imm-trans-b = 0, says K-major: 16-bit B operands may be either).
 SAGE_WGMMA_DEVICE void wgmma_m64n64k16_f32_f16(float (&d)[32], const uint32_t (&a)[4],
-                                                uint64_t b) {
+                                               uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "

@@ -159,6 +159,23 @@ static float round_pair_to_f32(double hi, double lo) {
   return f;
 }
 
+// The A, B (decoded to double) and C tiles of a float WMMA from the lanes' registers; `k_of`:
+// the operands' K map (8-bit or 16-bit, models.h).
+template <class Operands, class KOf, class Decode>
+static void gather_float_tiles(const Operands& in, KOf k_of, Decode decode,
+                               double (&A)[kTile][kTile], double (&B)[kTile][kTile],
+                               float (&C)[kTile][kTile]) {
+  for (int lane = 0; lane < kWaveSize; ++lane) {
+    const int r = wmma_rc(lane);
+    for (int j = 0; j < 8; ++j) {
+      const int k = k_of(lane, j);
+      A[r][k] = decode(in.a[lane][j]);
+      B[k][r] = decode(in.b[lane][j]);
+      C[wmma_m_of_cd(lane, j)][r] = in.c[lane][j];
+    }
+  }
+}
+
 // FP8 WMMA internal precision: the ISA does not spell it out, so we model an ideal unit. Every
 // e4m3 x e4m3 product is exact in double (4 x 4 significant bits); the 16-term sum is exact in
 // double too (all terms are multiples of 2^-18 and |sum| < 2^22, i.e. < 41 significant bits);
@@ -173,15 +190,7 @@ void wmma_fp8_model(const WmmaFp8Operands& in, float d[kWaveSize][8]) {
   (void)init;
   double A[kTile][kTile], B[kTile][kTile];
   float C[kTile][kTile];
-  for (int lane = 0; lane < kWaveSize; ++lane) {
-    const int r = wmma_rc(lane);
-    for (int j = 0; j < 8; ++j) {
-      const int k = wmma_k_of(lane, j);
-      A[r][k] = decode[in.a[lane][j]];
-      B[k][r] = decode[in.b[lane][j]];
-      C[wmma_m_of_cd(lane, j)][r] = in.c[lane][j];
-    }
-  }
+  gather_float_tiles(in, wmma_k_of, [](uint8_t x) { return decode[x]; }, A, B, C);
   float D[kTile][kTile];
   for (int m = 0; m < kTile; ++m)
     for (int n = 0; n < kTile; ++n) {
@@ -221,15 +230,7 @@ static double f16_to_f64(uint16_t bits) {
 void wmma_f16_model(const WmmaF16Operands& in, float d[kWaveSize][8]) {
   double A[kTile][kTile], B[kTile][kTile];
   float C[kTile][kTile];
-  for (int lane = 0; lane < kWaveSize; ++lane) {
-    const int r = wmma_rc(lane);
-    for (int j = 0; j < 8; ++j) {
-      const int k = wmma_k16_of(lane, j);
-      A[r][k] = f16_to_f64(in.a[lane][j]);
-      B[k][r] = f16_to_f64(in.b[lane][j]);
-      C[wmma_m_of_cd(lane, j)][r] = in.c[lane][j];
-    }
-  }
+  gather_float_tiles(in, wmma_k16_of, f16_to_f64, A, B, C);
   for (int m = 0; m < kTile; ++m)
     for (int n = 0; n < kTile; ++n) {
       double hi = double(C[m][n]), lo = 0.0;

@@ -452,6 +452,23 @@ void Worker::exec_shfl(Lane* group[kWaveSize], bool readlane) {
   }
 }
 
+// Gathers the wave's operands (each lane's A, B and C registers) into the model's struct, runs
+// `model` once and scatters D back to the lanes. Missing lanes contribute zeros.
+template <class Operands, class DElem, class Model>
+static void run_wmma(Lane* group[kWaveSize], Model model) {
+  Operands in{};
+  DElem d[kWaveSize][8];
+  for (int i = 0; i < kWaveSize; ++i)
+    if (group[i]) {
+      memcpy(in.a[i], group[i]->req->src[0], sizeof(in.a[i]));
+      memcpy(in.b[i], group[i]->req->src[1], sizeof(in.b[i]));
+      memcpy(in.c[i], group[i]->req->src[2], sizeof(in.c[i]));
+    }
+  model(in, d);
+  for (int i = 0; i < kWaveSize; ++i)
+    if (group[i]) memcpy(group[i]->req->dst, d[i], sizeof(d[i]));
+}
+
 // WMMA needs EXEC = all ones ([RDNA4-ISA], "WMMA" section); a partial wave is reported and
 // its missing lanes contribute zeros.
 void Worker::exec_wmma(int wave_index, Lane* group[kWaveSize], int n, Op op) {
@@ -465,41 +482,15 @@ void Worker::exec_wmma(int wave_index, Lane* group[kWaveSize], int n, Op op) {
            site_text(r0.site).c_str(), n, wave_index);
   }
   if (op == Op::kWmmaIu8) {
-    WmmaIu8Operands in{};
-    int32_t d[kWaveSize][8];
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) {
-        memcpy(in.a[i], group[i]->req->src[0], 8);
-        memcpy(in.b[i], group[i]->req->src[1], 8);
-        memcpy(in.c[i], group[i]->req->src[2], 32);
-      }
-    wmma_iu8_model(in, r0.sign_a, r0.sign_b, r0.clamp, d);
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) memcpy(group[i]->req->dst, d[i], 32);
+    run_wmma<WmmaIu8Operands, int32_t>(group, [&](const WmmaIu8Operands& in, int32_t(*d)[8]) {
+      wmma_iu8_model(in, r0.sign_a, r0.sign_b, r0.clamp, d);
+    });
   } else if (op == Op::kWmmaF16) {
-    WmmaF16Operands in{};
-    float d[kWaveSize][8];
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) {
-        memcpy(in.a[i], group[i]->req->src[0], 16);
-        memcpy(in.b[i], group[i]->req->src[1], 16);
-        memcpy(in.c[i], group[i]->req->src[2], 32);
-      }
-    wmma_f16_model(in, d);
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) memcpy(group[i]->req->dst, d[i], 32);
+    run_wmma<WmmaF16Operands, float>(
+        group, [](const WmmaF16Operands& in, float(*d)[8]) { wmma_f16_model(in, d); });
   } else {
-    WmmaFp8Operands in{};
-    float d[kWaveSize][8];
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) {
-        memcpy(in.a[i], group[i]->req->src[0], 8);
-        memcpy(in.b[i], group[i]->req->src[1], 8);
-        memcpy(in.c[i], group[i]->req->src[2], 32);
-      }
-    wmma_fp8_model(in, d);
-    for (int i = 0; i < kWaveSize; ++i)
-      if (group[i]) memcpy(group[i]->req->dst, d[i], 32);
+    run_wmma<WmmaFp8Operands, float>(
+        group, [](const WmmaFp8Operands& in, float(*d)[8]) { wmma_fp8_model(in, d); });
   }
 }
 

@@ -235,51 +235,42 @@ inline float sage_readlane(float v, int lane, SAGE_EMU_SITE_PARAMS) {
                                                  sage_site_line_, sage_site_col_));
 }
 
-template <bool kSignedA, bool kSignedB, bool kClamp>
-inline v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c, SAGE_EMU_SITE_PARAMS) {
-  v8i32 d;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kWmmaIu8;
-  r.sign_a = kSignedA;
-  r.sign_b = kSignedB;
-  r.clamp = kClamp;
-  r.site = SAGE_EMU_SITE;
+namespace sage_emu {
+// One WMMA of the wave: every lane parks its operands; the model runs once for the wave.
+template <class D, class A, class B>
+inline D wmma_request(Op op, const A& a, const B& b, const D& c, Site site, bool sign_a = false,
+                      bool sign_b = false, bool clamp = false) {
+  D d;
+  OpRequest r{};
+  r.op = op;
+  r.sign_a = sign_a;
+  r.sign_b = sign_b;
+  r.clamp = clamp;
+  r.site = site;
   r.src[0] = &a;
   r.src[1] = &b;
   r.src[2] = &c;
   r.dst = &d;
-  sage_emu::wave_sync(r);
+  wave_sync(r);
   return d;
+}
+}  // namespace sage_emu
+
+template <bool kSignedA, bool kSignedB, bool kClamp>
+inline v8i32 sage_wmma_i32_iu8_ex(v2i32 a, v2i32 b, v8i32 c, SAGE_EMU_SITE_PARAMS) {
+  return sage_emu::wmma_request(sage_emu::Op::kWmmaIu8, a, b, c, SAGE_EMU_SITE, kSignedA, kSignedB,
+                                kClamp);
 }
 inline v8i32 sage_wmma_i32_iu8(v2i32 a, v2i32 b, v8i32 c, SAGE_EMU_SITE_PARAMS) {
   return sage_wmma_i32_iu8_ex<true, true, false>(a, b, c, sage_site_file_, sage_site_line_,
                                                  sage_site_col_);
 }
 inline v8f32 sage_wmma_f32_fp8(v2i32 a, v2i32 b, v8f32 c, SAGE_EMU_SITE_PARAMS) {
-  v8f32 d;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kWmmaFp8;
-  r.site = SAGE_EMU_SITE;
-  r.src[0] = &a;
-  r.src[1] = &b;
-  r.src[2] = &c;
-  r.dst = &d;
-  sage_emu::wave_sync(r);
-  return d;
+  return sage_emu::wmma_request(sage_emu::Op::kWmmaFp8, a, b, c, SAGE_EMU_SITE);
 }
-
 // v_wmma_f32_16x16x16_f16: a, b hold 8 FP16 values each (element 2w in the low half of word w).
 inline v8f32 sage_wmma_f32_f16(u32x4 a, u32x4 b, v8f32 c, SAGE_EMU_SITE_PARAMS) {
-  v8f32 d;
-  sage_emu::OpRequest r{};
-  r.op = sage_emu::Op::kWmmaF16;
-  r.site = SAGE_EMU_SITE;
-  r.src[0] = &a;
-  r.src[1] = &b;
-  r.src[2] = &c;
-  r.dst = &d;
-  sage_emu::wave_sync(r);
-  return d;
+  return sage_emu::wmma_request(sage_emu::Op::kWmmaF16, a, b, c, SAGE_EMU_SITE);
 }
 // Two f32 -> a packed pair of FP16 (x low, y high), each rounded to nearest even.
 inline uint32_t sage_cvt_pk_f16(float x, float y) {
