@@ -299,8 +299,9 @@ def _with_threads(n, fn):
 
 
 def test_concurrent_launches_from_python_threads_match_sequential_ones():
-    """Launches from several Python threads at once (one owns the pool, the others start their
-    own threads) give the bits of the same launches one after another."""
+    """Launches from several Python threads give the bits of the same launches one after
+    another (where they overlap, one owns the worker pool and the others start their own
+    threads)."""
     import threading
 
     inputs = [qkv(1, 200, 170, 2, seed=40 + i) for i in range(3)]
