@@ -1,6 +1,6 @@
 // aiter_sage cpu backend: what every cpu translation unit shares — the ISA tiers and their
-// run-time selection, and a small std::thread parallel-for (no OpenMP: torch ships its own
-// runtime, and two OpenMP runtimes in one process fight over threads).
+// run-time selection, and a small parallel-for over a persistent std::thread pool (no OpenMP:
+// torch ships its own runtime, and two OpenMP runtimes in one process fight over threads).
 //
 // Exactness note: prepare must be bit-identical to aiter_sage/ref.py, so no a*b+c may be
 // contracted into an FMA in the arithmetic it shares with quant.h. GCC with -std=c++17 (ISO
