@@ -2,6 +2,9 @@
 and in band. amx_model runs the amx tier's tile code on a C++ model of the AMX instructions, so
 CI covers the amx kernel on CPUs without AMX; amx itself runs where the CPU and OS allow it."""
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +30,8 @@ pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="no C++ compiler f
 TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
 # Tiers the default picks, widest first (amx_model is never picked by default).
 AUTO_TIERS = ["amx", "avx512", "avx2", "scalar"]
+# A forked child runs one small attention: seconds, unless it hangs.
+FORK_TIMEOUT_S = 120
 
 
 @pytest.fixture(params=TIERS)
@@ -281,3 +286,75 @@ def test_default_tier_is_the_widest_usable(monkeypatch):
 
 if __name__ == "__main__":
     run_as_script(__file__)
+
+
+# ---- the worker pool (cpu_runtime.cpp): threads persist between launches -----------------------
+def _with_threads(n, fn):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(n)
+        return fn()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_concurrent_launches_from_python_threads_match_sequential_ones():
+    """Launches from several Python threads give the bits of the same launches one after
+    another (where they overlap, one owns the worker pool and the others start their own
+    threads)."""
+    import threading
+
+    inputs = [qkv(1, 200, 170, 2, seed=40 + i) for i in range(3)]
+    run = lambda i: aiter_sage.gfx1201_sage_attention(*inputs[i], backend="cpu")  # noqa: E731
+    want = _with_threads(3, lambda: [run(i) for i in range(len(inputs))])
+    got = [None] * len(inputs)
+    errors = []
+
+    def worker(i):
+        try:
+            for _ in range(3):
+                got[i] = run(i)
+        except Exception as e:  # reported below, in the test's thread
+            errors.append(e)
+
+    def launch_all():
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(inputs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    _with_threads(3, launch_all)
+    assert not errors, errors
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_runs_the_cpu_backend():
+    """A child forked after the parent's pool started has none of the parent's pool threads: it
+    must start its own (a child that waited for the parent's workers would hang), and compute
+    the parent's bits."""
+    q, k, v = qkv(1, 100, 90, 2, seed=44)
+    want = _with_threads(2, lambda: aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu"))
+    pid = os.fork()
+    if pid == 0:  # the child: exit code 0 = same bits, 1 = other bits or an error
+        code = 1
+        try:
+            got = _with_threads(
+                2, lambda: aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
+            )
+            code = 0 if torch.equal(got, want) else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + FORK_TIMEOUT_S
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child did not finish within {FORK_TIMEOUT_S} s")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -13,6 +13,8 @@ struct AttentionKernel {
   int64_t (*work_items)(const SageParams& p);
   // Scratch bytes one worker needs (64-byte aligned base).
   size_t (*workspace_bytes)(const SageParams& p);
+  // Prepares one worker's scratch (once, before its first run_items).
+  void (*init_workspace)(const SageParams& p, void* scratch);
   // Runs items [begin, end) with one worker's scratch.
   void (*run_items)(const SageParams& p, int64_t begin, int64_t end, void* scratch);
 };

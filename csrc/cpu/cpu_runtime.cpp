@@ -1,8 +1,15 @@
 // aiter_sage cpu backend: ISA tier selection, thread count and shared launch checks.
 #include "cpu/cpu_runtime.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -130,6 +137,153 @@ bool select_isa(Isa* out) {
          : cpu_has(Isa::kAvx2)   ? Isa::kAvx2
                                  : Isa::kScalar;
   return true;
+}
+
+namespace {
+
+// How long an idle worker (or a launcher waiting for its workers) polls before it sleeps on a
+// condition variable: long enough to bridge the gap between the parallel phases of one launch
+// and between prepare and attention, short enough not to steal cores from the next phase.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr int kPollsPerClockRead = 64;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Polls until done() holds or kSpin has passed; returns done().
+template <class Done>
+bool spin_until(const Done& done) {
+  const auto deadline = std::chrono::steady_clock::now() + kSpin;
+  for (;;) {
+    for (int i = 0; i < kPollsPerClockRead; ++i) {
+      if (done()) return true;
+      cpu_relax();
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+// Worker threads that persist between launches. One launch at a time owns the pool (the
+// launch mutex); workers 1 .. n-1 of a launch are pool threads 0 .. n-2, woken through a
+// generation counter. The pool is never destroyed (its threads sleep through process exit;
+// destroying a condition variable that threads wait on is undefined), and a forked child
+// starts a new one (the parent's threads do not exist there).
+class WorkerPool {
+ public:
+  // Runs body(ctx, w) for w in [0, threads); false (nothing run) if another launch owns the
+  // pool.
+  bool try_run(int threads, void (*body)(void*, int), void* ctx) {
+    std::unique_lock<std::mutex> owner(launch_, std::try_to_lock);
+    if (!owner.owns_lock()) return false;
+    grow(threads - 1);
+    const int pooled = threads - 1 < int(threads_.size()) ? threads - 1 : int(threads_.size());
+    body_ = body;
+    ctx_ = ctx;
+    workers_ = pooled;
+    pending_.store(pooled, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    body(ctx, 0);
+    // Workers the pool could not start (thread limits) run here, after worker 0.
+    for (int w = pooled + 1; w < threads; ++w) body(ctx, w);
+    const auto finished = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+    if (!spin_until(finished)) {
+      std::unique_lock<std::mutex> lock(m_);
+      done_.wait(lock, finished);
+    }
+    return true;
+  }
+
+ private:
+  void grow(int wanted) {
+    try {
+      while (int(threads_.size()) < wanted) {
+        const int index = int(threads_.size());
+        const uint64_t seen = generation_.load(std::memory_order_relaxed);
+        threads_.emplace_back([this, index, seen] { work(index, seen); });
+      }
+    } catch (const std::system_error&) {
+      // Could not start another thread: the launch runs the missing workers itself.
+    }
+  }
+
+  void work(int index, uint64_t seen) {
+    for (;;) {
+      uint64_t now = seen;
+      const auto posted = [&] {
+        now = generation_.load(std::memory_order_acquire);
+        return now != seen;
+      };
+      if (!spin_until(posted)) {
+        std::unique_lock<std::mutex> lock(m_);
+        wake_.wait(lock, posted);
+      }
+      seen = now;
+      if (index >= workers_) continue;
+      body_(ctx_, index + 1);
+      if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::lock_guard<std::mutex> lock(m_);
+        done_.notify_one();
+      }
+    }
+  }
+
+  std::mutex launch_;  // held by the launch that owns the pool
+  std::mutex m_;       // guards the sleeps on wake_ and done_
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  // The posted job: written by the owning launch before generation_ moves (release), read
+  // by the workers after they see it move (acquire).
+  void (*body_)(void*, int) = nullptr;
+  void* ctx_ = nullptr;
+  int workers_ = 0;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+};
+
+std::atomic<WorkerPool*> g_pool{nullptr};
+std::once_flag g_pool_once;
+
+void new_pool_after_fork() { g_pool.store(new WorkerPool, std::memory_order_release); }
+
+WorkerPool& pool() {
+  std::call_once(g_pool_once, [] {
+    g_pool.store(new WorkerPool, std::memory_order_release);
+    pthread_atfork(nullptr, nullptr, new_pool_after_fork);
+  });
+  return *g_pool.load(std::memory_order_acquire);
+}
+
+// Concurrent launches (several Python threads): the ones that find the pool owned start
+// their own threads, as before the pool existed.
+void run_on_new_threads(int threads, void (*body)(void*, int), void* ctx) {
+  std::vector<std::thread> started;
+  started.reserve(threads - 1);
+  int next = 1;
+  try {
+    for (; next < threads; ++next) started.emplace_back(body, ctx, next);
+  } catch (const std::system_error&) {
+    // Could not start a thread: its worker runs on this thread instead.
+  }
+  body(ctx, 0);
+  for (int w = next; w < threads; ++w) body(ctx, w);
+  for (auto& t : started) t.join();
+}
+
+}  // namespace
+
+void run_workers(int threads, void (*body)(void* ctx, int worker), void* ctx) {
+  if (threads <= 1) {
+    body(ctx, 0);
+    return;
+  }
+  if (!pool().try_run(threads, body, ctx)) run_on_new_threads(threads, body, ctx);
 }
 
 int resolve_threads(int32_t requested, int64_t work_items) {

@@ -1,6 +1,6 @@
 // aiter_sage cpu backend: what every cpu translation unit shares — the ISA tiers and their
-// run-time selection, and a small std::thread parallel-for (no OpenMP: torch ships its own
-// runtime, and two OpenMP runtimes in one process fight over threads).
+// run-time selection, and a small parallel-for over a persistent std::thread pool (no OpenMP:
+// torch ships its own runtime, and two OpenMP runtimes in one process fight over threads).
 //
 // Exactness note: prepare must be bit-identical to aiter_sage/ref.py, so no a*b+c may be
 // contracted into an FMA in the arithmetic it shares with quant.h. GCC with -std=c++17 (ISO
@@ -13,9 +13,9 @@
 #endif
 
 #include <stdint.h>
+#include <atomic>
 #include <exception>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "sage/check.h"
@@ -41,10 +41,46 @@ bool select_isa(Isa* out);
 // more than there are work items.
 int resolve_threads(int32_t requested, int64_t work_items);
 
+// Runs body(worker) for worker = 0 .. threads - 1 in parallel and returns when all are done
+// (the calling thread is worker 0). The other workers come from a pool of threads that lives
+// as long as the process: starting and joining 15 std::threads per parallel phase cost
+// 0.3-4 ms on the VMs we measure on, as much as the whole prepare should take. A launch that
+// finds the pool busy (another thread of the process is launching) starts its own threads.
+// Exceptions must not leave body (the wrappers below catch them per worker).
+void run_workers(int threads, void (*body)(void* ctx, int worker), void* ctx);
+
+// Catches what body(worker) throws, per worker, and rethrows the first after all workers
+// have finished.
+template <class Body>
+void run_workers_catching(int threads, const Body& body) {
+  if (threads <= 1) {
+    body(0);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(threads);
+  struct Ctx {
+    const Body* body;
+    std::exception_ptr* errors;
+  } ctx{&body, errors.data()};
+  run_workers(
+      threads,
+      [](void* c, int w) {
+        Ctx* x = static_cast<Ctx*>(c);
+        try {
+          (*x->body)(w);
+        } catch (...) {
+          x->errors[w] = std::current_exception();
+        }
+      },
+      &ctx);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
 // Runs body(begin, end, worker) over [0, n) in `threads` contiguous, near-equal slices (slice
-// w goes to worker w; the calling thread is worker 0). Contiguous slices keep each worker on
-// as few heads as possible, which is what the attention's per-head caches rely on. An
-// exception thrown by any worker is rethrown here after all workers have joined.
+// w goes to worker w). Contiguous slices keep each worker on as few heads as possible, which
+// is what the attention's per-head caches rely on. An exception thrown by any worker is
+// rethrown here after all workers have finished.
 template <class Body>
 void parallel_slices(int64_t n, int threads, const Body& body) {
   if (n <= 0) return;
@@ -52,28 +88,28 @@ void parallel_slices(int64_t n, int threads, const Body& body) {
     body(int64_t(0), n, 0);
     return;
   }
-  std::vector<std::exception_ptr> errors(threads);
-  auto run = [&](int w) {
-    int64_t begin = n * w / threads, end = n * (w + 1) / threads;
-    try {
-      if (begin < end) body(begin, end, w);
-    } catch (...) {
-      errors[w] = std::current_exception();
+  run_workers_catching(threads, [&](int w) {
+    const int64_t begin = n * w / threads, end = n * (w + 1) / threads;
+    if (begin < end) body(begin, end, w);
+  });
+}
+
+// Runs body(i, worker) for every i in [0, n), handing items to whichever worker is free
+// (in increasing order, `grain` at a time): for items of unequal cost whose results do not
+// depend on which worker runs them.
+template <class Body>
+void parallel_dynamic(int64_t n, int threads, int64_t grain, const Body& body) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  std::atomic<int64_t> next{0};
+  run_workers_catching(threads, [&](int w) {
+    for (;;) {
+      const int64_t begin = next.fetch_add(grain, std::memory_order_relaxed);
+      if (begin >= n) return;
+      const int64_t end = begin + grain < n ? begin + grain : n;
+      for (int64_t i = begin; i < end; ++i) body(i, w);
     }
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(threads - 1);
-  int spawned = 1;
-  try {
-    for (; spawned < threads; ++spawned) pool.emplace_back(run, spawned);
-  } catch (...) {
-    // Could not start a thread (resource limits): do its slices on this thread instead.
-  }
-  run(0);
-  for (int w = spawned; w < threads; ++w) run(w);
-  for (auto& t : pool) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  });
 }
 
 // What the cpu backend implements of contract v2 (sage/check.h): all of it, on every tier.

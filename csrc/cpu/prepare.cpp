@@ -3,11 +3,14 @@
 // zero-filled to head_dim_pad), bit-identical to aiter_sage/ref.py prepare (the arithmetic is in
 // prepare_kernel.inc, compiled per ISA tier).
 //
-// Work is split in phases over std::threads, each needing the one before:
+// Work is split in phases over the worker threads, each needing the one before; within a
+// phase, items go to whichever worker is free (they differ in cost, and no result depends on
+// which worker computes it):
 //   0. smooth_k only: the K mean's partial sums (K heads x 32 partials), then per head their
 //      pinned-order total into p.k_mean — K blocks are quantized minus this mean;
 //   1. every 32-row block of Q (heads_q; with smooth_k also its rows' p.lse_corr = Q'.k_mean)
-//      and of K (heads_kv), and every K/V head's V channel scales;
+//      and of K (heads_kv), and the per-channel |V| maxima of every 256-key group, then per
+//      K/V head the V channel scales from its groups' maxima;
 //   2. every 64-key chunk of V (needs its head's scales from phase 1).
 // Every byte of the prepared tensors is written, padding included (the binding allocates them
 // with torch.empty).
@@ -25,6 +28,19 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=cpu")
 
 namespace sage_cpu {
 namespace {
+
+// Consecutive items a worker takes at once (neighbouring heads of the same rows).
+constexpr int64_t kItemsPerGrab = 4;
+
+// Item i of a kind whose items are (batch, index along the sequence, head) in memory order,
+// heads fastest: its linear head (b * heads + h) and its index along the sequence.
+struct ItemOf {
+  int64_t head, index;
+};
+inline ItemOf split_item(int64_t i, int heads, int64_t per_head) {
+  const int64_t h = i % heads, rest = i / heads;
+  return {rest / per_head * heads + h, rest % per_head};
+}
 
 const PrepareKernels& kernels_for(Isa isa) {
   switch (isa) {
@@ -45,10 +61,9 @@ void compute_k_mean(const SageParams& p, const PrepareKernels& k, int64_t kv_hea
   const int dp = p.head_dim_pad;
   const int64_t n = kv_heads * sage::kMeanPartials;
   std::vector<float> partials(size_t(n) * dp);  // [head][partial][channel]
-  parallel_slices(n, resolve_threads(p.num_threads, n), [&](int64_t lo, int64_t hi, int) {
-    for (int64_t i = lo; i < hi; ++i)
-      k.k_mean_partial(p, i / sage::kMeanPartials, int(i % sage::kMeanPartials),
-                       partials.data() + i * dp);
+  parallel_dynamic(n, resolve_threads(p.num_threads, n), 1, [&](int64_t i, int) {
+    k.k_mean_partial(p, i / sage::kMeanPartials, int(i % sage::kMeanPartials),
+                     partials.data() + i * dp);
   });
   float column[sage::kMeanPartials];
   for (int64_t head = 0; head < kv_heads; ++head) {
@@ -70,22 +85,42 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 
   if (p.smooth_k) compute_k_mean(p, k, kv_heads);
 
-  // Phase 1 items: the Q blocks, then the K blocks, then the V scales, each head-major.
-  const int64_t n_q = q_heads * q_blocks, n_k = kv_heads * k_blocks;
-  const int64_t n1 = n_q + n_k + kv_heads;
-  parallel_slices(n1, resolve_threads(p.num_threads, n1), [&](int64_t lo, int64_t hi, int) {
-    for (int64_t i = lo; i < hi; ++i) {
-      if (i < n_q)
-        k.qk_block(p, true, i / q_blocks, i % q_blocks);
-      else if (i < n_q + n_k)
-        k.qk_block(p, false, (i - n_q) / k_blocks, (i - n_q) % k_blocks);
-      else
-        k.v_scales(p, i - n_q - n_k);
+  // Phase 1 items: the Q blocks, then the K blocks, then the V amax groups. Each kind is in
+  // memory order, heads fastest: an input row holds every head's channels, so consecutive
+  // items (kItemsPerGrab go to one worker at a time) read neighbouring pieces of the same
+  // rows. (Head-major order read one 256-byte piece per 4 KiB row: every row a new page,
+  // which the hardware prefetchers do not follow, so half of prepare waited on memory.)
+  const int64_t v_groups = (p.kv_len + kPrepareVAmaxKeys - 1) / kPrepareVAmaxKeys;
+  const int64_t n_q = q_heads * q_blocks, n_k = kv_heads * k_blocks, n_v = kv_heads * v_groups;
+  const int64_t n1 = n_q + n_k + n_v;
+  const int dp = p.head_dim_pad;
+  std::vector<uint32_t> v_amax(size_t(n_v) * dp);  // [head][group][channel]
+  parallel_dynamic(n1, resolve_threads(p.num_threads, n1), kItemsPerGrab, [&](int64_t i, int) {
+    if (i < n_q) {
+      const ItemOf q = split_item(i, p.heads_q, q_blocks);
+      k.qk_block(p, true, q.head, q.index);
+    } else if (i < n_q + n_k) {
+      const ItemOf kb = split_item(i - n_q, p.heads_kv, k_blocks);
+      k.qk_block(p, false, kb.head, kb.index);
+    } else {
+      const ItemOf g = split_item(i - n_q - n_k, p.heads_kv, v_groups);
+      k.v_amax(p, g.head, g.index, v_amax.data() + (g.head * v_groups + g.index) * dp);
     }
   });
+  for (int64_t head = 0; head < kv_heads; ++head) {
+    const uint32_t* groups = v_amax.data() + head * v_groups * dp;
+    float* scale = p.v_scale + sage::channel_offset(head, dp, 0);
+    for (int c = 0; c < dp; ++c) {
+      uint32_t amax = 0;  // |v| bits: the unsigned maximum propagates NaN (see v_amax)
+      for (int64_t g = 0; g < v_groups; ++g)
+        amax = groups[g * dp + c] > amax ? groups[g * dp + c] : amax;
+      scale[c] = sage::v_channel_scale(__builtin_bit_cast(float, amax));
+    }
+  }
   const int64_t n2 = kv_heads * v_chunks;
-  parallel_slices(n2, resolve_threads(p.num_threads, n2), [&](int64_t lo, int64_t hi, int) {
-    for (int64_t i = lo; i < hi; ++i) k.v_chunk(p, i / v_chunks, i % v_chunks);
+  parallel_dynamic(n2, resolve_threads(p.num_threads, n2), kItemsPerGrab, [&](int64_t i, int) {
+    const ItemOf c = split_item(i, p.heads_kv, v_chunks);
+    k.v_chunk(p, c.head, c.index);
   });
 }
 

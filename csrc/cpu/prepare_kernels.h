@@ -14,12 +14,16 @@ struct PrepareKernels {
   // for Q, heads_kv for K). With smooth_k, p.k_mean must be complete first: K blocks subtract
   // it, Q blocks write their rows' p.lse_corr from it.
   void (*qk_block)(const SageParams& p, bool is_q, int64_t head, int64_t block);
-  // Per-channel V scales of one K/V head (run before that head's v_chunk items).
-  void (*v_scales)(const SageParams& p, int64_t head);
-  // One chunk of kPrepareVChunk keys of V: quantize and transpose.
+  // Per-channel |v| maximum (float32 bits, NaN above inf; 0 in channels >= head_dim) of one
+  // K/V head over keys [group * kPrepareVAmaxKeys, +kPrepareVAmaxKeys) below kv_len, into
+  // partial[0 .. head_dim_pad).
+  void (*v_amax)(const SageParams& p, int64_t head, int64_t group, uint32_t* partial);
+  // One chunk of kPrepareVChunk keys of V: quantize and transpose (needs p.v_scale of its
+  // head).
   void (*v_chunk)(const SageParams& p, int64_t head, int64_t chunk);
 };
-constexpr int kPrepareVChunk = 64;  // must equal kVChunk in prepare_kernel.inc
+constexpr int kPrepareVChunk = 64;      // must equal kVChunk in prepare_kernel.inc
+constexpr int kPrepareVAmaxKeys = 256;  // must equal kVAmaxKeys in prepare_kernel.inc
 
 extern const PrepareKernels kPrepareScalar;
 extern const PrepareKernels kPrepareAvx2;

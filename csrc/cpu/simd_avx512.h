@@ -55,6 +55,23 @@ inline VF vf_exp2(VF x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// max for values whose NaNs need no propagation here (vmaxps: the second operand when either
+// is NaN).
+inline VF vf_max_fast(VF a, VF b) { return _mm512_max_ps(a, b); }
+
+// 2^x for P (exp2_poly.h): the clamp and vscalefps as in vf_exp2, the degree-4 polynomial.
+inline VF vf_exp2_p(VF x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+  const VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const VF f = _mm512_sub_ps(x, n);
+  VF p = _mm512_set1_ps(sage_cpu::kExp2PolyC4);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC0));
+  return _mm512_scalef_ps(p, n);
+}
+
 // Q word `word` of one row: channels 4w..4w+3, offset to unsigned for vpdpbusd. The amx tier
 // (simd_amx.h) sets SAGE_CPU_SIGNED_Q_WORDS: tdpbssd takes signed bytes as they are.
 #ifdef SAGE_CPU_SIGNED_Q_WORDS

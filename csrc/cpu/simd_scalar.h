@@ -78,6 +78,28 @@ inline VF vf_exp2(VF x) {
   VF r;
   SAGE_LANEWISE(r.v[i] = exp2f(x.v[i]));
 }
+// vmaxps: the second operand when either is NaN.
+inline VF vf_max_fast(VF a, VF b) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]);
+}
+// 2^x for P as the amx tier computes it (simd_avx512.h: clamp at -200, exp2_poly.h's
+// polynomial of the fraction, times 2^n; NaN stays NaN).
+inline float exp2_p_lane(float x) {
+  if (x != x) return x;
+  x = x < -200.0f ? -200.0f : x;
+  const float n = rintf(x), f = x - n;
+  float p = sage_cpu::kExp2PolyC4;
+  p = p * f + sage_cpu::kExp2PolyC3;
+  p = p * f + sage_cpu::kExp2PolyC2;
+  p = p * f + sage_cpu::kExp2PolyC1;
+  p = p * f + sage_cpu::kExp2PolyC0;
+  return ldexpf(p, int(n));
+}
+inline VF vf_exp2_p(VF x) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = exp2_p_lane(x.v[i]));
+}
 
 inline uint32_t pack_q_word(const int8_t* q_row, int word) {
   uint32_t w;

@@ -1,0 +1,15 @@
+// aiter_sage cpu attention: the degree-4 polynomial for 2^f, |f| <= 1/2, that the tile tiers
+// use for P (vf_exp2_p). P is rounded to BF16 (8 significant bits) before P.V, so the
+// degree-6 Taylor polynomial of vf_exp2 (~1e-7) was more than P needs; this one is a
+// relative-error fit (iteratively reweighted least squares on Chebyshev nodes) with a maximum
+// relative error of 2.6e-6 on [-1/2, 1/2], 700 times below BF16's half ulp. alpha keeps
+// vf_exp2: exp2(0) must be exactly 1 there (the O^T rescale is skipped when alpha == 1).
+#pragma once
+
+namespace sage_cpu {
+constexpr float kExp2PolyC0 = 0.9999992847442627f;
+constexpr float kExp2PolyC1 = 0.6931217908859253f;
+constexpr float kExp2PolyC2 = 0.240247443318367f;
+constexpr float kExp2PolyC3 = 0.05591786280274391f;
+constexpr float kExp2PolyC4 = 0.009570099413394928f;
+}  // namespace sage_cpu
