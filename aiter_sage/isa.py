@@ -663,11 +663,14 @@ def main(argv=None) -> int:
             for k in kernels:
                 if k.loop is None or k.loop.wmma == 0:
                     continue
+                # our kernels name their head dim (_d64); a foreign kernel is taken as D = 128
+                d = 64 if "_d64" in k.name else 128
                 for rescale in (True, False):
                     pr = predict(
                         k,
                         GPUS[args.model],
                         s=args.seq,
+                        d=d,
                         queries_per_group=args.queries_per_group,
                         compute_queries=compute_queries,
                         rescale_executed=rescale,
@@ -678,6 +681,7 @@ def main(argv=None) -> int:
                         k,
                         GPUS[args.model],
                         s=513,
+                        d=d,
                         h=24 * 32,
                         queries_per_group=args.queries_per_group,
                         compute_queries=compute_queries,
@@ -686,6 +690,7 @@ def main(argv=None) -> int:
                         k,
                         GPUS[args.model],
                         s=512,
+                        d=d,
                         h=24 * 32,
                         queries_per_group=args.queries_per_group,
                         compute_queries=compute_queries,
