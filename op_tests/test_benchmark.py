@@ -3,6 +3,7 @@ backend present, and with every problem option; its accuracy columns hold the ba
 are the benchmark's business, not asserted here.)"""
 
 import csv
+import math
 import subprocess
 import sys
 
@@ -50,6 +51,50 @@ def test_problem_options_are_columns(tmp_path, options, expect):
     for r in rows:
         assert {k: r[k] for k in expect} == expect, r
     assert rows[-1]["provider"] == f"sdpa_{expect.get('dtype', 'bf16')}"
+
+
+def test_cpu_phase_harness_runs_and_is_thread_count_invariant(tmp_path):
+    """op_benchmarks/cpu/bench_cpu_phases.cpp (the cpu backend's prepare and attention timed
+    through their C ABI) builds against today's headers and runs on the JIT's cpu modules; its
+    output checksum does not depend on the thread count (the work split changes, the
+    arithmetic does not)."""
+    import shutil
+
+    from aiter_sage import jit_driver
+
+    cxx = next((c for c in ("g++", "clang++-19", "clang++", "c++") if shutil.which(c)), None)
+    if cxx is None:
+        pytest.fail("no host C++ compiler (apt-get install g++)")
+    exe = tmp_path / "bench_cpu_phases"
+    subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-I",
+            str(REPO / "csrc" / "include"),
+            str(REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp"),
+            "-o",
+            str(exe),
+            "-ldl",
+        ],
+        check=True,
+    )
+    mods = [
+        str(jit_driver.ensure_module(m, "cpu"))
+        for m in ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
+    ]
+    sums = []
+    for threads in ("1", "2"):
+        proc = subprocess.run(
+            [str(exe), *mods, "96", "2", threads, "2"], capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        line = [x for x in proc.stdout.splitlines() if x.startswith("checksum ")]
+        assert len(line) == 1 and "attention TFLOPS" in proc.stdout, proc.stdout
+        sums.append(float(line[0].split()[1]))
+    # equal, finite and not the checksum of an all-zero output
+    assert sums[0] == sums[1] and math.isfinite(sums[0]) and sums[0] != 0.0, sums
 
 
 if __name__ == "__main__":
