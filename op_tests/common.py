@@ -7,6 +7,7 @@ clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -99,6 +100,43 @@ def with_garbage_padding(prepared, q_len: int, kv_len: int) -> list:
     dirty[3][..., 2] = float("nan")
     dirty[4].view(torch.uint8)[..., kv_len:] = 0x7F
     return dirty
+
+
+def build_host_program(exe, *args) -> None:
+    """Compiles a host C++ program against the repo's headers (csrc/include, csrc) with the
+    JIT's host compiler (CXX, else c++ / g++ / clang++): `args` are the sources and any extra
+    flags."""
+    cxx = jit_driver._host_cxx()
+    if cxx is None:
+        pytest.fail("no host C++ compiler (apt-get install g++)")
+    subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-I",
+            str(REPO / "csrc" / "include"),
+            "-I",
+            str(REPO / "csrc"),
+            *map(str, args),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
+
+
+def use_cpu_tier(monkeypatch, tier: str) -> None:
+    """Forces cpu tier `tier` (AITER_SAGE_CPU_ISA) for the test; skips as absent hardware when
+    this CPU lacks it (a small prepare asks the backend)."""
+    monkeypatch.setenv("AITER_SAGE_CPU_ISA", tier)
+    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+    try:
+        aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
+    except RuntimeError as e:
+        if "lacks" in str(e):
+            skip_no_hardware(f"this CPU has no {tier} tier")
+        raise
 
 
 def run_as_script(file: str) -> None:

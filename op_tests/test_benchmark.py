@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common import REPO, run_as_script
+from common import REPO, build_host_program, run_as_script
 
 BENCH = REPO / "op_benchmarks" / "hip" / "bench_gfx1201_sage_attention.py"
 TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
@@ -58,28 +58,10 @@ def test_cpu_phase_harness_runs_and_is_thread_count_invariant(tmp_path):
     through their C ABI) builds against today's headers and runs on the JIT's cpu modules; its
     output checksum does not depend on the thread count (the work split changes, the
     arithmetic does not)."""
-    import shutil
-
     from aiter_sage import jit_driver
 
-    cxx = next((c for c in ("g++", "clang++-19", "clang++", "c++") if shutil.which(c)), None)
-    if cxx is None:
-        pytest.fail("no host C++ compiler (apt-get install g++)")
     exe = tmp_path / "bench_cpu_phases"
-    subprocess.run(
-        [
-            cxx,
-            "-std=c++17",
-            "-O1",
-            "-I",
-            str(REPO / "csrc" / "include"),
-            str(REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp"),
-            "-o",
-            str(exe),
-            "-ldl",
-        ],
-        check=True,
-    )
+    build_host_program(exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp", "-ldl")
     mods = [
         str(jit_driver.ensure_module(m, "cpu"))
         for m in ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")

@@ -19,7 +19,7 @@ from common import (
     qkv,
     rope_tables,
     run_as_script,
-    skip_no_hardware,
+    use_cpu_tier,
     with_garbage_padding,
 )
 from test_gfx1201_sage_prepare import assert_prepared_equal
@@ -36,14 +36,7 @@ FORK_TIMEOUT_S = 120
 
 @pytest.fixture(params=TIERS)
 def tier(request, monkeypatch):
-    monkeypatch.setenv("AITER_SAGE_CPU_ISA", request.param)
-    q, k, v = qkv(1, 8, 8, 1, seed=0)
-    try:
-        aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
-    except RuntimeError as e:
-        if "lacks" in str(e):
-            skip_no_hardware(f"this CPU has no {request.param} tier")
-        raise
+    use_cpu_tier(monkeypatch, request.param)
     return request.param
 
 

@@ -9,15 +9,14 @@ Runnable as a script or under pytest."""
 
 import json
 import random
-import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from common import build_host_program, run_as_script
+
 WAVE = 32
 
 DUMP_SRC = r"""
@@ -106,39 +105,15 @@ int main() {
 """
 
 
-def _compiler():
-    for c in ("clang++-19", "clang++", "g++", "c++"):
-        if shutil.which(c):
-            return c
-    return None
-
-
 _CACHE = {}
 
 
 def layouts():
     if "d" not in _CACHE:
-        cxx = _compiler()
-        if cxx is None:
-            pytest.fail("no host C++ compiler (apt-get install g++)")
         with tempfile.TemporaryDirectory() as tmp:
             src, exe = Path(tmp) / "dump.cpp", Path(tmp) / "dump"
             src.write_text(DUMP_SRC)
-            subprocess.run(
-                [
-                    cxx,
-                    "-std=c++17",
-                    "-O1",
-                    "-I",
-                    str(REPO / "csrc" / "include"),
-                    "-I",
-                    str(REPO / "csrc"),
-                    str(src),
-                    "-o",
-                    str(exe),
-                ],
-                check=True,
-            )
+            build_host_program(exe, src)
             _CACHE["d"] = json.loads(
                 subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
             )
@@ -495,13 +470,4 @@ def test_first_bytes_mask_keeps_exactly_the_first_n_bytes():
 
 
 if __name__ == "__main__":
-    fails = 0
-    for name, fn in sorted(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-                print(f"PASS {name}")
-            except Exception as e:  # noqa: BLE001
-                fails += 1
-                print(f"FAIL {name}: {e!r}")
-    sys.exit(1 if fails else 0)
+    run_as_script(__file__)

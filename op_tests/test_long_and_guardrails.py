@@ -14,7 +14,7 @@ import torch
 import aiter_sage
 from aiter_sage import backends, ops, ref
 
-from common import BACKENDS, run_as_script, skip_no_hardware, to_device
+from common import BACKENDS, run_as_script, skip_no_hardware, to_device, use_cpu_tier
 from test_gfx1201_sage_prepare import assert_prepared_equal
 
 CPU_TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
@@ -40,14 +40,7 @@ def target(request, monkeypatch):
     if backend == "cuda":
         _need_sm90()
     if tier is not None:
-        monkeypatch.setenv("AITER_SAGE_CPU_ISA", tier)
-        q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
-        try:
-            aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
-        except RuntimeError as e:
-            if "lacks" in str(e):
-                skip_no_hardware(f"this CPU has no {tier} tier")
-            raise
+        use_cpu_tier(monkeypatch, tier)
     return backend
 
 
