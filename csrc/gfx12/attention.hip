@@ -219,26 +219,17 @@ SAGE_DEVICE u32x4 keep_first_bytes(u32x4 x, int n) {
                x.z & first_bytes_mask(2, n), x.w & first_bytes_mask(3, n)};
 }
 
-// The K (V) bytes of tile `tile` into the staging registers.
-template <class T>
-SAGE_DEVICE void load_tile_k(const HeadView<T>& hv, int tile, TileStage<T>& st) {
-  const int8_t* k_tile = hv.k8 + int64_t(tile) * hv.k_tile_stride;
-#pragma unroll
-  for (int i = 0; i < T::kKPiecesPerThread; ++i)
-    st.k[i] = sage_gload<u32x4>(k_tile, int64_t(hv.k_lane_off[i]));
-}
-template <class T>
-SAGE_DEVICE void load_tile_v(const HeadView<T>& hv, int tile, TileStage<T>& st) {
-  const uint8_t* v_tile = hv.v + int64_t(tile) * (T::kTileKeys * T::kVCodeBytes);
-#pragma unroll
-  for (int i = 0; i < T::kVPiecesPerThread; ++i)
-    st.v[i] = sage_gload<u32x4>(v_tile + i * hv.v_slot_stride, int64_t(hv.v_lane_off));
-}
 template <class T>
 SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
   TileStage<T> st;
-  load_tile_k(hv, tile, st);
-  load_tile_v(hv, tile, st);
+  const int8_t* k_tile = hv.k8 + int64_t(tile) * hv.k_tile_stride;
+  const uint8_t* v_tile = hv.v + int64_t(tile) * (T::kTileKeys * T::kVCodeBytes);
+#pragma unroll
+  for (int i = 0; i < T::kKPiecesPerThread; ++i)
+    st.k[i] = sage_gload<u32x4>(k_tile, int64_t(hv.k_lane_off[i]));
+#pragma unroll
+  for (int i = 0; i < T::kVPiecesPerThread; ++i)
+    st.v[i] = sage_gload<u32x4>(v_tile + i * hv.v_slot_stride, int64_t(hv.v_lane_off));
   return st;
 }
 
