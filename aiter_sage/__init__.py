@@ -12,9 +12,11 @@ from .ops import (  # noqa: F401
     BACKENDS,
     OpNamespaceConflict,
     available_backends,
+    empty_host_cache,
     gfx1201_sage_attention,
     gfx1201_sage_attention_fwd,
     gfx1201_sage_prepare,
+    host_cache_stats,
 )
 from .ref import Prepared  # noqa: F401
 

@@ -440,6 +440,22 @@ def gfx1201_sage_attention(a):
     return result
 
 
+def empty_host_cache() -> None:
+    """Unmaps the host memory blocks that the cpu ops keep for reuse.
+
+    The binding's large CPU tensors (prepared Q/K/V, outputs; 4 MiB or more) live in blocks
+    that go back to a cache when torch frees them, so that the next call does not page-fault
+    all of its memory again (``AITER_SAGE_HOST_CACHE_MB`` caps the cache, default 1024; 0 turns
+    it off). Blocks still held by live tensors stay theirs.
+    """
+    binding().empty_host_cache()
+
+
+def host_cache_stats() -> dict:
+    """The host block cache's counters: ``hits``, ``misses``, ``cached_bytes``, ``cached_blocks``."""
+    return dict(binding().host_cache_stats())
+
+
 def available_backends() -> list[str]:
     """Backends usable in this process (a compiler for each is present)."""
     return backends.available()

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "sage/check.h"
+#include "sage/host_blocks.h"
 #include "sage/layout.h"
 #include "sage/params.h"
 #include "sage/quant.h"
@@ -31,6 +32,30 @@ namespace {
 
 constexpr const char* kPrepareModule = "module_gfx1201_sage_prepare";
 constexpr const char* kAttentionModule = "module_gfx1201_sage_attention";
+
+// ---------------------------------------------------------------------------------------------
+// Host memory of large CPU tensors (see sage/host_blocks.h: why, and the cache's rules)
+// ---------------------------------------------------------------------------------------------
+sage::HostBlockCache& host_blocks() {
+  // Leaked on purpose: tensors freed during interpreter teardown still give their blocks back.
+  static sage::HostBlockCache* cache =
+      new sage::HostBlockCache(sage::HostBlockCache::limit_from_env());
+  return *cache;
+}
+
+// at::empty for the binding's outputs and temporaries: a CPU tensor of HostBlockCache::kMinBytes
+// or more lives in a cached host block, anything else comes from torch's allocator.
+at::Tensor new_tensor(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (!options.device().is_cpu()) return at::empty(sizes, options);
+  const size_t bytes = size_t(c10::multiply_integers(sizes)) *
+                       c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  if (bytes < sage::HostBlockCache::kMinBytes) return at::empty(sizes, options);
+  size_t capacity = 0;
+  void* data = host_blocks().take(bytes, &capacity);
+  if (!data) return at::empty(sizes, options);  // out of memory: torch's allocator says so
+  return at::from_blob(
+      data, sizes, [capacity](void* d) { host_blocks().give(d, capacity); }, options);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Kernel modules
@@ -457,18 +482,18 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   const int64_t B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Dp = p.head_dim_pad;
   auto i8 = q.options().dtype(at::kChar);
   auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor q8 = at::empty({B, p.q_len_pad, Hq, Dp}, i8);
-  at::Tensor q_scale = at::empty({B, Hq, sage::scale_blocks(p.q_len_pad)}, f32);
-  at::Tensor k8 = at::empty({B, p.kv_len_pad, Hkv, Dp}, i8);
-  at::Tensor k_scale = at::empty({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
+  at::Tensor q8 = new_tensor({B, p.q_len_pad, Hq, Dp}, i8);
+  at::Tensor q_scale = new_tensor({B, Hq, sage::scale_blocks(p.q_len_pad)}, f32);
+  at::Tensor k8 = new_tensor({B, p.kv_len_pad, Hkv, Dp}, i8);
+  at::Tensor k_scale = new_tensor({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
   const bool pv_fp16 = p.pv_dtype == SAGE_PV_FP16;
   at::Tensor v8 =
-      at::empty({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
-  at::Tensor v_scale = at::empty({B, Hkv, Dp}, f32);
+      new_tensor({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
+  at::Tensor v_scale = new_tensor({B, Hkv, Dp}, f32);
   at::Tensor k_mean, lse_corr;
   if (smooth_k) {
-    k_mean = at::empty({B, Hkv, Dp}, f32);
-    lse_corr = at::empty({B, Hq, p.q_len_pad}, f32);
+    k_mean = new_tensor({B, Hkv, Dp}, f32);
+    lse_corr = new_tensor({B, Hq, p.q_len_pad}, f32);
   }
   p.q8 = q8.data_ptr<int8_t>();
   p.q_scale = q_scale.data_ptr<float>();
@@ -510,7 +535,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const Fw
   if (o.out_head_dim) p.head_dim = int32_t(o.out_head_dim);
   p.out_rows = int32_t(o.padded_out ? p.q_len_pad : p.q_len);
   at::Tensor out =
-      at::empty({p.batch, p.out_rows, p.heads_q, p.head_dim}, q8.options().dtype(o.out_dtype));
+      new_tensor({p.batch, p.out_rows, p.heads_q, p.head_dim}, q8.options().dtype(o.out_dtype));
   p.q8 = const_cast<int8_t*>(ptr_of<int8_t>(q8));
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
@@ -524,7 +549,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const Fw
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
   at::Tensor lse;
   if (o.return_lse) {
-    lse = at::empty({p.batch, p.heads_q, p.out_rows}, q8.options().dtype(at::kFloat));
+    lse = new_tensor({p.batch, p.heads_q, p.out_rows}, q8.options().dtype(at::kFloat));
     p.lse = lse.data_ptr<float>();
     p.lse_stride_b = lse.stride(0), p.lse_stride_h = lse.stride(1);
     if (o.lse_corr.defined()) p.lse_corr = o.lse_corr.data_ptr<float>();
@@ -708,6 +733,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& [key, mod] : g_modules) out.emplace_back(key, mod.info);
     return out;
   });
+  m.def("host_cache_stats", [] {
+    const sage::HostBlockCache::Stats s = host_blocks().stats();
+    py::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["cached_bytes"] = s.cached_bytes;
+    d["cached_blocks"] = s.cached_blocks;
+    return d;
+  });
+  m.def("empty_host_cache", [] { host_blocks().trim(); });
   m.attr("abi_version") = SAGE_ABI_VERSION;
   m.attr("gpu") = py::bool_(
 #ifdef SAGE_TORCH_GPU
