@@ -9,6 +9,18 @@ namespace {
 
 constexpr size_t kMiB = size_t(1) << 20;
 
+// A taken block and its capacity, given back as one.
+struct Held {
+  void* data;
+  size_t capacity;
+};
+Held take(sage::HostBlockCache& cache, size_t mib) {
+  Held h{nullptr, 0};
+  h.data = cache.take(mib * kMiB, &h.capacity);
+  return h;
+}
+void give(sage::HostBlockCache& cache, const Held& h) { cache.give(h.data, h.capacity); }
+
 bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % sage::HostBlockCache::kAlign == 0;
 }
@@ -35,38 +47,27 @@ int main() {
   }
   {  // best fit, and no block of more than twice the request
     HostBlockCache cache(256 * kMiB);
-    size_t c8 = 0, c16 = 0, c40 = 0;
-    void* p8 = cache.take(8 * kMiB, &c8);
-    void* p16 = cache.take(16 * kMiB, &c16);
-    void* p40 = cache.take(40 * kMiB, &c40);
-    cache.give(p40, c40);
-    cache.give(p16, c16);
-    cache.give(p8, c8);
-    size_t c = 0;
-    void* q = cache.take(12 * kMiB, &c);  // 16 fits best (8 too small, 40 more than twice)
-    printf("best_fit_16 %d\n", int(q == p16 && c == c16));
-    void* r = cache.take(15 * kMiB, &c);  // 40 > 2 x 16: a new block
-    printf("no_oversized_block %d\n", int(r != p40 && r != p8));
-    cache.give(q, c16);
-    cache.give(r, c);
+    const Held b8 = take(cache, 8), b16 = take(cache, 16), b40 = take(cache, 40);
+    for (const Held& h : {b40, b16, b8}) give(cache, h);
+    const Held q = take(cache, 12);  // 16 fits best (8 too small, 40 more than twice)
+    printf("best_fit_16 %d\n", int(q.data == b16.data && q.capacity == b16.capacity));
+    const Held r = take(cache, 15);  // 40 > 2 x 16: a new block
+    printf("no_oversized_block %d\n", int(r.data != b40.data && r.data != b8.data));
+    give(cache, q);
+    give(cache, r);
   }
   {  // the limit: the oldest cached blocks go first
     HostBlockCache cache(10 * kMiB);
-    size_t ca = 0, cb = 0, cc = 0;
-    void* a = cache.take(4 * kMiB, &ca);
-    void* b = cache.take(4 * kMiB, &cb);
-    void* c = cache.take(4 * kMiB, &cc);
-    cache.give(a, ca);
-    cache.give(b, cb);
-    cache.give(c, cc);  // 12 MiB > 10: a (the oldest) is unmapped
+    const Held a = take(cache, 4), b = take(cache, 4), c = take(cache, 4);
+    for (const Held& h : {a, b, c}) give(cache, h);  // 12 MiB > 10: a (the oldest) is unmapped
     const HostBlockCache::Stats s = cache.stats();
     printf("limited_blocks %zu bytes %zu\n", s.cached_blocks, s.cached_bytes / kMiB);
-    size_t cx = 0, cy = 0;
-    void* x = cache.take(4 * kMiB, &cx);
-    void* y = cache.take(4 * kMiB, &cy);
-    printf("kept_newest %d\n", int((x == b || x == c) && (y == b || y == c) && x != y));
-    cache.give(x, cx);
-    cache.give(y, cy);
+    const Held x = take(cache, 4), y = take(cache, 4);
+    const bool x_kept = x.data == b.data || x.data == c.data;
+    const bool y_kept = y.data == b.data || y.data == c.data;
+    printf("kept_newest %d\n", int(x_kept && y_kept && x.data != y.data));
+    give(cache, x);
+    give(cache, y);
     cache.trim();
     printf("trimmed %zu\n", cache.stats().cached_blocks);
   }
