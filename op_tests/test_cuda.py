@@ -81,7 +81,10 @@ def test_attention_ptx_uses_wgmma(attention_build):
         assert re.search(wgmma + pv, body), (d, fp16_pv)
         assert not re.search(wgmma + other, body), (d, fp16_pv)  # one P.V mode per kernel
         assert ("e4m3x2" in body) != fp16_pv  # P is rounded to e4m3 in the FP8 kernels only
-        assert "cp.async.mbarrier.arrive.noinc" in body and "setmaxnreg" in body
+        # K/V/Q tiles arrive by TMA (tensor maps) on mbarriers; the warpgroups' registers move
+        assert "cp.async.bulk.tensor.5d" in body or fp16_pv, (d, fp16_pv)  # permuted K rows
+        assert "cp.async.bulk.tensor.3d" in body and "expect_tx" in body, (d, fp16_pv)
+        assert "setmaxnreg" in body and "cp.async.cg" not in body, (d, fp16_pv)
 
 
 def test_attention_has_no_spills(attention_build):

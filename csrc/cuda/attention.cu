@@ -8,10 +8,12 @@
 // the FP8 kernels are unchanged.
 //
 // One CTA = 128 query rows of one (batch, query head): three warpgroups.
-//   warpgroup 0      producer: cp.async copies of the Q tile and of each 128-key K/V tile into
-//                    a kStages-deep ring of shared-memory stages, completion signalled on
-//                    mbarriers (cp.async.mbarrier.arrive.noinc); it gives most of its registers
-//                    to the consumers (setmaxnreg).
+//   warpgroup 0      producer: one thread issues TMA copies (cp.async.bulk.tensor, tensor maps
+//                    encoded on the host at each launch and passed as __grid_constant__
+//                    parameters) of the Q tile and of each 128-key K/V tile into a
+//                    kStages-deep ring of shared-memory stages, completion signalled on
+//                    mbarriers (arrive.expect_tx + complete_tx); the warpgroup gives most of
+//                    its registers to the consumers (setmaxnreg).
 //   warpgroups 1, 2  consumers, 64 query rows each. Per KV tile j the QK wgmma of tile j is in
 //                    flight while the PV wgmma of tile j-1 runs, and the softmax of tile j
 //                    overlaps the PV of tile j-1 (two wgmma groups in flight); P is packed to
@@ -25,17 +27,37 @@
 //   at chunk c ^ ((n * row_bytes / 128) % (row_bytes / 16)). An FP16 V tile has 256-byte rows
 //   (128 keys x 2 bytes), more than one 128-byte swizzle atom holds: it is stored as two
 //   [Dp][64 keys] halves of 128-byte rows, keys 0-63 then 64-127.
+//   These are the TMA's own 128-/64-byte swizzle modes (each tile starts on a 1024-byte atom).
+//   Tensor maps (innermost dim first; each copy's box is one tile or half of one):
+//     Q   3-D (Hq*Dp bytes, q_len_pad rows, B), box (Dp, 128, 1) at (hq*Dp, q0, b): rows past
+//         q_len_pad are zero-filled (out of bounds).
+//     K   FP8 kernels: 5-D (Hkv*Dp bytes; e: 4 rows, stride 1 row; t: 4, stride 4 rows;
+//         G: kv_len_pad/16, stride 16 rows; B), box (Dp, 2, 4, 8, 1) at (hkv*Dp, 2i, 0,
+//         key0/16, b) for i = 0, 1: copy i fills shared rows 64i + 8G + 2t + e with key
+//         16G + 4t + 2i + e (the permutation below; two copies because one box would need
+//         the 2-row stride after the 4-row one, which the tensor-map rules do not list).
+//         FP16 P.V kernels: 3-D like Q (natural key order).
+//     V   3-D (kv_len keys, Hkv*Dp rows of kv_len_pad keys, B), box (128 keys, Dp, 1) (FP8) or
+//         (64 keys, Dp, 1) twice (FP16 codes, one copy per half): keys >= kv_len are
+//         zero-filled by the TMA. They must be: padded keys get P = 0, but their V codes may be
+//         anything (NaN codes included), and 0 * NaN is NaN in the MMA.
+//   Keys >= kv_len_pad are zero-filled K rows; all of a tile's keys >= kv_len get S = -inf.
+//   The TMA writes through the async proxy, which the wgmmas read: the mbarrier's completion
+//   is all the ordering they need (no proxy fence).
 //
 // P from registers without shuffles: the wgmma accumulator of S gives thread (g = lane / 4,
-// t = lane % 4) columns 8j + 2t + e of rows g, g + 8 of each 8-column chunk j, while the A
+// t = lane % 4) columns 8n + 2t + e of rows g, g + 8 of each 8-column chunk n, while the A
 // register fragment of a k32 step wants k positions 4t + i and 16 + 4t + i. A dot product does
-// not care about its order, so K rows are loaded permuted: shared K row 16G + 8j + 2t + e holds
-// key 16G + 4t + 2j + e. Then S column 16G + 8j + 2t + e scores exactly the key that P's k
-// position 16G + 4t + 2j + e meets in V (natural order), and four accumulator values of a row
-// pack straight into one A register.
+// not care about its order, so K rows are loaded permuted: shared K row 64j + 8G + 2t + e
+// (S chunk n = 8j + G) holds key 16G + 4t + 2j + e. Then every S column of a thread scores a
+// key that P's k position 16G + 4t + 2j + e of the same thread meets in V (natural order),
+// and four accumulator values of a row pack straight into one A register. The softmax reads
+// the accumulator of S chunk n = 8j + G into its chunk c = 2G + j (keys in order of their
+// 16-key group G: the order of the row sums), so its keys are s_col_key's.
 // FP16 P.V needs no permutation: the A fragment of an f16 k16 step wants k positions 2t + e and
 // 8 + 2t + e of rows g, g + 8, which are exactly the S accumulator's columns 8j + 2t + e of the
 // step's two 8-column chunks; K rows are loaded in natural order and S column c scores key c.
+#include <cuda.h>  // CUtensorMap and its enums (types only: libcuda is not linked)
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -58,10 +80,13 @@ constexpr int kBlockN = 128;  // keys per KV tile
 constexpr int kWgRows = 64;   // query rows per consumer warpgroup
 constexpr int kThreads = 384;
 constexpr int kConsumerWarps = 8;
+// setmaxnreg: the producer warpgroup (one thread issues the TMA copies) keeps few registers,
+// the two consumer warpgroups take the rest (24 + 2 * 240 <= 65536 / 128).
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
 constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSwizzleBytes = 128;  // row bytes of the widest swizzle (one swizzle atom's row)
-constexpr int kChunkBytes = 16;     // one cp.async / one swizzle unit
 
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false>
 struct Traits {
@@ -112,19 +137,31 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
       "r"(parity)
       : "memory");
 }
-// 16 bytes global -> shared; src_bytes 0 fills zeros (rows past the padded length).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+// One arrival that also announces `bytes` more of transaction (the TMA copies' complete_tx).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
                : "memory");
 }
-// The mbarrier gets one arrival once every cp.async this thread issued so far has landed.
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+__device__ __forceinline__ void tma_prefetch(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
-// Shared memory written through the generic proxy (cp.async) and read next by wgmma (the async
-// proxy).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+// TMA tile copies global -> shared (this CTA), completing `bar`'s transaction bytes.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
+                                            int c0, int c1, int c2, int c3, int c4) {
+  asm volatile(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+      "r"(c4)
+      : "memory");
 }
 // Named barriers 1 + wg: "warpgroup wg may issue its wgmmas". 256 threads: the 128 of the
 // waiting warpgroup (bar.sync) and the 128 of the other one (bar.arrive).
@@ -194,20 +231,33 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, int row_bytes) {
   return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(1) << 16) | ((sbo >> 4) << 32) |
          (swizzle << 62);
 }
-// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of `row_bytes` rows.
-__host__ __device__ constexpr int swz_offset(int row, int chunk, int row_bytes) {
-  return row * row_bytes + 16 * (chunk ^ ((row * row_bytes / 128) % (row_bytes / 16)));
+// The S accumulator chunk (8 columns) that holds the keys of softmax chunk c (0..15, keys
+// s_col_key(c, ...)): with the FP8 kernels' permuted K rows chunk 8j + G for c = 2G + j (TMA
+// copy j of the tile fills shared K rows 64j..64j+63), natural order otherwise.
+template <bool kPermutedK = true>
+__host__ __device__ constexpr int s_chunk(int c) {
+  return kPermutedK ? 8 * (c & 1) + (c >> 1) : c;
 }
-// Key (within its 16) held by shared K row r (within its 16): see the file comment.
-__host__ __device__ constexpr int k_row_key(int r) {
-  return 4 * ((r >> 1) & 3) + 2 * (r >> 3) + (r & 1);
-}
-// Tile key of the S accumulator column of chunk c (0..15) and element e for thread t: with
-// the FP8 kernels' permuted K rows, or (kPermutedK false, the FP16 P.V kernels) natural ones.
+// Tile key of softmax chunk c (0..15), element e, for thread t: with the FP8 kernels' permuted
+// K rows, or (kPermutedK false, the FP16 P.V kernels) natural ones. Chunk c is P's: its four
+// values of a row pack into the A fragments in this order (pack_p).
 template <bool kPermutedK = true>
 __host__ __device__ constexpr int s_col_key(int c, int t, int e) {
   return kPermutedK ? 16 * (c >> 1) + 4 * t + 2 * (c & 1) + e : 8 * c + 2 * t + e;
 }
+// Shared K row of (S accumulator) chunk n, thread t, element e holds tile key s_col_key of the
+// softmax chunk that reads it: checked at compile time.
+__host__ __device__ constexpr int k_row_key(int row) {  // FP8 kernels, tile row 0..127
+  return 16 * ((row >> 3) & 7) + 4 * ((row >> 1) & 3) + 2 * (row >> 6) + (row & 1);
+}
+__host__ __device__ constexpr bool k_permutation_ok() {
+  for (int c = 0; c < 16; ++c)
+    for (int t = 0; t < 4; ++t)
+      for (int e = 0; e < 2; ++e)
+        if (k_row_key(8 * s_chunk(c) + 2 * t + e) != s_col_key(c, t, e)) return false;
+  return true;
+}
+static_assert(k_permutation_ok(), "K rows, S chunks and P fragments disagree");
 
 template <class T>
 struct Smem {
@@ -239,67 +289,40 @@ __device__ __forceinline__ Work work_of(const SageParams& p) {
 }
 
 // ------------------------------------------------------------------ producer -------
+// The tensor maps of one launch (see the file comment); a kernel parameter.
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+// One thread: the Q tile, then each K/V tile once its stage is free. Boxes past the tensor
+// bounds are zero-filled and still count their whole size in transaction bytes.
 template <class T>
-__device__ void produce(const SageParams& p, const Work& w, const Smem<T>& sm, int tid) {
-  constexpr int kChunks = T::kDim / 16;  // 16-byte chunks per Q/K row
-  // Q tile: 128 rows x kChunks chunks.
-  {
-    const int8_t* q = p.q8;
-#pragma unroll
-    for (int i = tid; i < kBlockM * kChunks; i += 128) {
-      const int r = i / kChunks, c = i % kChunks, row = w.q0 + r;
-      const bool in = row < p.q_len_pad;
-      const int8_t* src =
-          q + qk8_offset(p.heads_q, T::kDim, p.q_len_pad, w.b, in ? row : 0, w.hq, 16 * c);
-      cp_async16(smem_u32(sm.q() + swz_offset(r, c, T::kDim)), src, in ? 16 : 0);
-    }
-    cp_async_arrive(sm.full_q());
-  }
-  const int64_t v_head = head_index(p.heads_kv, w.b, w.hkv);
+__device__ void produce(const Maps& m, const Work& w, const Smem<T>& sm) {
+  tma_prefetch(&m.q);
+  tma_prefetch(&m.k);
+  tma_prefetch(&m.v);
+  mbar_expect_tx(sm.full_q(), T::kQBytes);
+  tma_load_3d(smem_u32(sm.q()), &m.q, sm.full_q(), w.hq * T::kDim, w.q0, w.b);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int s = j % T::kStages;
     if (j >= T::kStages) mbar_wait(sm.empty(s), ((j / T::kStages) - 1) & 1);
     const int key0 = j * kBlockN;
-#pragma unroll
-    for (int i = tid; i < kBlockN * kChunks; i += 128) {
-      const int r = i / kChunks, c = i % kChunks;
-      // FP8 P.V: K rows permuted so S packs into e4m3 A fragments; FP16: natural order.
-      const int key = T::kPv16 ? key0 + r : key0 + (r & ~15) + k_row_key(r & 15);
-      const bool in = key < p.kv_len_pad;
-      const int8_t* src =
-          p.k8 + qk8_offset(p.heads_kv, T::kDim, p.kv_len_pad, w.b, in ? key : 0, w.hkv, 16 * c);
-      cp_async16(smem_u32(sm.k(s) + swz_offset(r, c, T::kDim)), src, in ? 16 : 0);
-    }
-    cp_async_arrive(sm.full_k(s));
-    // Keys >= kv_len: padded keys get P = 0, but their V codes may be anything (NaN codes
-    // included), and 0 * NaN is NaN in the MMA. cp.async fills the bytes past src_bytes with
-    // zeros, so each thread zeroes exactly the bytes it copies (no cross-thread hand-off).
+    mbar_expect_tx(sm.full_k(s), T::kKBytes);
     if constexpr (T::kPv16) {
-      constexpr int kRowChunks = T::kVRowBytes / kChunkBytes;  // 16: 8 keys each
-      constexpr int kPartChunks = kSwizzleBytes / kChunkBytes;
-      constexpr int kKeysPerChunk = kChunkBytes / 2;
-#pragma unroll
-      for (int i = tid; i < T::kDim * kRowChunks; i += 128) {
-        const int ch = i / kRowChunks, c = i % kRowChunks;
-        const int key = key0 + kKeysPerChunk * c;
-        const int bytes = 2 * min(kKeysPerChunk, max(0, p.kv_len - key));
-        const uint16_t* src = p.v16 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
-        uint8_t* dst = sm.v(s) + (c / kPartChunks) * T::kVPartBytes;
-        cp_async16(smem_u32(dst + swz_offset(ch, c % kPartChunks, kSwizzleBytes)), src, bytes);
-      }
+      tma_load_3d(smem_u32(sm.k(s)), &m.k, sm.full_k(s), w.hkv * T::kDim, key0, w.b);
     } else {
+      // FP8 P.V: copy i gets keys 16G + 4t + 2i + e into shared rows 64i + 8G + 2t + e.
 #pragma unroll
-      for (int i = tid; i < T::kDim * (kBlockN / 16); i += 128) {
-        const int ch = i / (kBlockN / 16), c = i % (kBlockN / 16);
-        const int key = key0 + 16 * c;
-        const int bytes = min(16, max(0, p.kv_len - key));
-        const uint8_t* src = p.v8 + v8_offset(v_head, T::kDim, p.kv_len_pad, ch, bytes ? key : 0);
-        cp_async16(smem_u32(sm.v(s) + swz_offset(ch, c, 128)), src, bytes);
-      }
+      for (int i = 0; i < 2; ++i)
+        tma_load_5d(smem_u32(sm.k(s) + i * (kBlockN / 2) * T::kDim), &m.k, sm.full_k(s),
+                    w.hkv * T::kDim, 2 * i, 0, key0 / 16, w.b);
     }
-    cp_async_arrive(sm.full_v(s));
+    mbar_expect_tx(sm.full_v(s), T::kVBytes);
+#pragma unroll
+    for (int part = 0; part < T::kVParts; ++part)
+      tma_load_3d(smem_u32(sm.v(s) + part * T::kVPartBytes), &m.v, sm.full_v(s),
+                  key0 + part * (kBlockN / T::kVParts), w.hkv * T::kDim, w.b);
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // ------------------------------------------------------------------ consumers ------
@@ -334,7 +357,7 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * ch + 2 * h + e;
-        float v = float(s[i]) * sc[ch >> 2];
+        float v = float(s[4 * s_chunk<!T::kPv16>(ch) + 2 * h + e]) * sc[ch >> 2];
         if (kMasked) {
           const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
           const int row = c.row0 + 8 * h;
@@ -505,7 +528,6 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   mbar_wait(sm.full_q(), 0);
   // Tile 0.
   mbar_wait(sm.full_k(0), 0);
-  fence_proxy_async();
   {
     QkDesc<T> qd = qk_desc(sm, wg, 0);
     reg_fence(qd.a);
@@ -529,8 +551,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
-    fence_proxy_async();
-    QkDesc<T> qd = qk_desc(sm, wg, st);
+      QkDesc<T> qd = qk_desc(sm, wg, st);
     PvDesc<T> vd = pv_desc(sm, prev);
     reg_fence(qd.a);
     reg_fence(qd.b);
@@ -563,8 +584,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   {
     const int last = (w.n_tiles - 1) % T::kStages;
     mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
-    fence_proxy_async();
-    PvDesc<T> vd = pv_desc(sm, last);
+      PvDesc<T> vd = pv_desc(sm, last);
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
@@ -631,7 +651,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
 
 template <class T>
 __global__ void __launch_bounds__(kThreads, 1)
-    attention_kernel(const __grid_constant__ SageParams p) {
+    attention_kernel(const __grid_constant__ SageParams p, const __grid_constant__ Maps maps) {
   extern __shared__ uint8_t smem_raw[];
   Smem<T> sm;
   sm.base =
@@ -640,20 +660,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = int(threadIdx.x);
   const int wg = tid / 128;
   if (tid == 0) {
-    mbar_init(sm.full_q(), 128);
+    mbar_init(sm.full_q(), 1);
     for (int s = 0; s < T::kStages; ++s) {
-      mbar_init(sm.full_k(s), 128);
-      mbar_init(sm.full_v(s), 128);
+      mbar_init(sm.full_k(s), 1);
+      mbar_init(sm.full_v(s), 1);
       mbar_init(sm.empty(s), kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   if (wg == 0) {
-    set_max_regs_dec<72>();
-    produce<T>(p, w, sm, tid);
+    set_max_regs_dec<kProducerRegs>();
+    if (tid == 0) produce<T>(maps, w, sm);
   } else {
-    set_max_regs_inc<216>();
+    set_max_regs_inc<kConsumerRegs>();
     consume<T>(p, w, sm, wg - 1, tid - 128);
   }
 }
@@ -668,6 +688,87 @@ namespace {
 // csrc/gfx12/prepare.hip's and checks its own features.
 constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
 
+// cuTensorMapEncodeTiled, from the driver through the runtime's entry-point query (the module
+// links the CUDA runtime only, not libcuda). Null if the driver has none.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled_fn() {
+  static const EncodeTiledFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &found);
+#else
+    const cudaError_t e =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
+#endif
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<EncodeTiledFn>(f)
+               : nullptr;
+  }();
+  return fn;
+}
+
+// One tiled tensor map (dims innermost first, strides in bytes of dims 1.., no OOB fill value:
+// boxes past the bounds read zeros). Returns 0 or sets the error.
+template <int kRank>
+int encode(CUtensorMap* map, const char* what, CUtensorMapDataType type, const void* base,
+           const cuuint64_t (&dims)[kRank], const cuuint64_t (&strides)[kRank - 1],
+           const cuuint32_t (&box)[kRank], CUtensorMapSwizzle swizzle) {
+  const EncodeTiledFn fn = encode_tiled_fn();
+  if (!fn)
+    return sage::set_error("sage_attention_launch: the CUDA driver has no cuTensorMapEncodeTiled");
+  if (reinterpret_cast<uintptr_t>(base) % 16)
+    return sage::set_error("sage_attention_launch: the prepared %s is not 16-byte aligned", what);
+  cuuint32_t elem_strides[kRank];
+  for (int i = 0; i < kRank; ++i) elem_strides[i] = 1;
+  const CUresult r = fn(map, type, kRank, const_cast<void*>(base), dims, strides, box,
+                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return sage::set_error("sage_attention_launch: cuTensorMapEncodeTiled (%s) failed: %d", what,
+                           int(r));
+  return 0;
+}
+
+// The launch's tensor maps (the file comment has their shapes). Encoded at each launch into
+// the kernel's parameters, so a captured CUDA graph holds them by value.
+template <class T>
+int encode_maps(const SageParams& p, sage::sm90::Maps* m) {
+  using u64 = cuuint64_t;
+  constexpr cuuint32_t kDp = T::kDim, kM = sage::sm90::kBlockM, kN = sage::sm90::kBlockN;
+  const CUtensorMapSwizzle qk_swizzle =
+      kDp == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const u64 b = u64(p.batch), q_row = u64(p.heads_q) * kDp, k_row = u64(p.heads_kv) * kDp;
+  const u64 q_pad = u64(p.q_len_pad), kv_pad = u64(p.kv_len_pad);
+  if (encode<3>(&m->q, "Q", CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q8, {q_row, q_pad, b},
+                {q_row, q_pad * q_row}, {kDp, kM, 1}, qk_swizzle))
+    return 1;
+  if (T::kPv16) {
+    if (encode<3>(&m->k, "K", CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k8, {k_row, kv_pad, b},
+                  {k_row, kv_pad * k_row}, {kDp, kN, 1}, qk_swizzle))
+      return 1;
+  } else {
+    // Rows e + 4t + 16G of a batch: box (2, 4, 8) at e = 0 or 2 (the permutation).
+    if (encode<5>(&m->k, "K", CU_TENSOR_MAP_DATA_TYPE_UINT8, p.k8, {k_row, 4, 4, kv_pad / 16, b},
+                  {k_row, 4 * k_row, 16 * k_row, kv_pad * k_row}, {kDp, 2, 4, kN / 16, 1},
+                  qk_swizzle))
+      return 1;
+  }
+  const u64 v_elem = T::kVElemBytes, v_rows = u64(p.heads_kv) * kDp;
+  const cuuint32_t v_box = kN / T::kVParts;  // keys of one 128-byte row
+  if (encode<3>(&m->v, "V",
+                T::kPv16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                T::kPv16 ? static_cast<const void*>(p.v16) : static_cast<const void*>(p.v8),
+                {u64(p.kv_len), v_rows, b}, {kv_pad * v_elem, v_rows * kv_pad * v_elem},
+                {v_box, kDp, 1}, CU_TENSOR_MAP_SWIZZLE_128B))
+    return 1;
+  return 0;
+}
+
 template <class T>
 int launch(const SageParams& p, cudaStream_t stream) {
   auto kernel = sage::sm90::attention_kernel<T>;
@@ -680,9 +781,11 @@ int launch(const SageParams& p, cudaStream_t stream) {
                              T::kSmemBytes, cudaGetErrorString(e));
     configured = true;
   }
+  sage::sm90::Maps maps;
+  if (encode_maps<T>(p, &maps)) return 1;
   const unsigned q_tiles = unsigned((p.out_rows + sage::sm90::kBlockM - 1) / sage::sm90::kBlockM);
   kernel<<<dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch)), sage::sm90::kThreads,
-           T::kSmemBytes, stream>>>(p);
+           T::kSmemBytes, stream>>>(p, maps);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return sage::set_error("sage_attention_launch: launch failed: %s", cudaGetErrorString(e));
@@ -719,8 +822,9 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
   // AITER_SAGE_CUDA_PINGPONG=1 (measurements only, FP8 P.V kernels): the consumer warpgroups
-  // take turns issuing their wgmmas. Off by default: on an H200 it measured 5.76 vs 5.78 ms at
-  // S = 16k, D = 128 (no gain) and 5.03 vs 4.82 ms at D = 64 (a loss).
+  // take turns issuing their wgmmas. Off by default: on an H200 (TMA producer) it measured
+  // 5.11 vs 4.69-4.75 ms at S = 16k, D = 128 and 4.42 vs 4.37-4.40 ms at D = 64 (a loss; with
+  // the cp.async producer: 5.76 vs 5.78 ms and 5.03 vs 4.82 ms).
   static const bool pingpong = [] {
     const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
     return e && e[0] == '1';
