@@ -47,12 +47,14 @@ struct PrepTraits {
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
-  // partial g of quant.h's pinned order. 512 (256) threads; 4 (8) rows of loads in flight per
-  // thread = 32 KiB per workgroup either way.
+  // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
+  // thread = 64 (32) KiB per workgroup. There is one workgroup per kv head (24 at B1 H24), so
+  // each must keep its own memory pipe full: with 32 KiB in flight the Dp 128 kernel streamed
+  // 38 GB/s on an H200 SM. (16 rows at Dp 64 cost gfx12 occupancy: 8 waves, not 10.)
   static constexpr int kVsGroups = kMeanPartials;
   static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
   static constexpr int kVsRowsPerStep = kVsGroups;
-  static constexpr int kVsUnroll = 64 / kLanesPerRow;
+  static constexpr int kVsUnroll = 8;
   // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
   static constexpr int kVqThreads = 256;
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
@@ -167,23 +169,37 @@ SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t str
   return f;
 }
 
-// Channels 8c .. 8c+7 of row s after the optional RMSNorm and RoPE, each rounded to in_dtype
-// as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and for rows past the
-// sequence (in_seq false; uniform over the row's lanes). Every lane of the row must call it
-// (the norm's shuffles stay within the row's lanes).
+// The raw input of one lane's chunk of a row: chunk c and, on RoPE lanes, its partner chunk.
+struct RawRow {
+  u32x4 raw, partner;
+};
+
+// Loads row s's chunks for finish_row (zeros past the sequence and for channels >= D). Split
+// from finish_row so that a kernel can issue the loads of several rows before it waits for
+// the first (qk_body: one round trip to memory per 32-row block instead of one per row pass).
 template <class T>
-SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_seq, float* v) {
-  float vp[T::kChunk];
-  u32x4 raw{0, 0, 0, 0}, raw_p{0, 0, 0, 0};
+SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
+  RawRow r{{0, 0, 0, 0}, {0, 0, 0, 0}};
   if (in_seq && f.in_d) {
-    raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
+    r.raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
     // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
     // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
     if (f.rope_lane)
-      raw_p = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
+      r.partner = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
   }
-  unpack_halfx8(raw, T::kDtype, v);
-  unpack_halfx8(raw_p, T::kDtype, vp);
+  return r;
+}
+
+// Channels 8c .. 8c+7 of row s (fetched by fetch_row) after the optional RMSNorm and RoPE,
+// each rounded to in_dtype as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and
+// for rows past the sequence (in_seq false; uniform over the row's lanes). Every lane of the
+// row must call it (the norm's shuffles stay within the row's lanes).
+template <class T>
+SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_seq,
+                            const RawRow& r, float* v) {
+  float vp[T::kChunk];
+  unpack_halfx8(r.raw, T::kDtype, v);
+  unpack_halfx8(r.partner, T::kDtype, vp);
   if (f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
     const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
 #pragma unroll
@@ -206,6 +222,12 @@ SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_se
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) v[i] = 0.0f;
   }
+}
+
+// fetch_row then finish_row: one row, its loads waited for at once.
+template <class T>
+SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_seq, float* v) {
+  finish_row<T>(f, p, s, in_seq, fetch_row<T>(f, s, in_seq), v);
 }
 
 // ============================================================================ kernel 1 =====
@@ -334,12 +356,18 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   // x[pass][i]: the FP32 value to quantize (Q' or K') of row prep_row(tid, pass), channel 8c+i.
   float x[T::kQkPasses][T::kChunk];
   float amax = 0.0f;
+  RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
+#pragma unroll
+  for (int pass = 0; pass < T::kQkPasses; ++pass) {
+    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+    raw[pass] = fetch_row<T>(f, s, s < len);
+  }
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
     const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
     const bool in_seq = s < len;  // uniform over the lanes of the row
     float v[T::kChunk];
-    load_row<T>(f, p, s, in_seq, v);
+    finish_row<T>(f, p, s, in_seq, raw[pass], v);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
       x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
@@ -405,7 +433,23 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   float scale[T::kChunk];  // channels >= D: 0 (kernel 1), so their codes are +0
   unpack_f32x8(p.v_scale, 4 * channel_offset(head, T::kHeadDim, T::kChunk * c), scale);
 
-  // Quantize 4 keys x 8 channels per pass; each channel's 4 key codes are kWords LDS words.
+  // Every load of the thread first (4 keys x 8 channels per pass), so that they are all in
+  // flight at once: the encoding below branches per value, and loads placed between those
+  // branches went to memory one after another.
+  const auto key_of = [&](int pass, int k) {
+    return tile * kVtKeys + pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g + k;
+  };
+  u32x4 raw[T::kVqPasses][T::kVqKeysPerThread];
+#pragma unroll
+  for (int pass = 0; pass < T::kVqPasses; ++pass)
+#pragma unroll
+    for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+      const int s = key_of(pass, k);
+      raw[pass][k] = s < p.kv_len && in_d  // padded keys and channels stay +0
+                         ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
+                         : u32x4{0, 0, 0, 0};
+    }
+  // Quantize; each channel's 4 key codes are kWords LDS words.
 #pragma unroll
   for (int pass = 0; pass < T::kVqPasses; ++pass) {
     const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
@@ -416,11 +460,9 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
       for (int w = 0; w < kWords; ++w) word[i][w] = 0;
 #pragma unroll
     for (int k = 0; k < T::kVqKeysPerThread; ++k) {
-      const int s = tile * kVtKeys + key0 + k;
-      if (s < p.kv_len && in_d) {  // padded keys and channels stay +0
+      if (key_of(pass, k) < p.kv_len && in_d) {
         float x[T::kChunk];
-        unpack_halfx8(sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c)),
-                      T::kDtype, x);
+        unpack_halfx8(raw[pass][k], T::kDtype, x);
         constexpr int kBits = 8 * kCodeBytes;
 #pragma unroll
         for (int i = 0; i < T::kChunk; ++i) {
