@@ -452,7 +452,8 @@ def empty_host_cache() -> None:
 
 
 def host_cache_stats() -> dict:
-    """The host block cache's counters: ``hits``, ``misses``, ``cached_bytes``, ``cached_blocks``."""
+    """The host block cache's counters: ``hits``, ``misses``, ``cached_bytes``,
+    ``cached_blocks``."""
     return dict(binding().host_cache_stats())
 
 

@@ -12,6 +12,7 @@ import torch
 
 import aiter_sage
 from aiter_sage import ref
+
 from common import REPO, build_host_program
 
 MIB = 1 << 20
@@ -65,8 +66,10 @@ def test_prepared_tensors_never_alias_live_ones():
     q2, k2, v2 = _inputs(2)
     second = aiter_sage.gfx1201_sage_prepare(q2, k2, v2, backend="cpu")
     for a, b in zip(first, kept):
-        assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+        assert torch.equal(
+            a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+            b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b,
+        )
     for got, q, k, v in ((first, q1, k1, v1), (second, q2, k2, v2)):
         want = ref.prepare(q, k, v)
         assert torch.equal(got.q_int8, want.q_int8)
@@ -108,7 +111,10 @@ def test_attention_same_bits_with_cache_on_and_off(tmp_path, monkeypatch, limit_
     path = tmp_path / "out.pt"
     res = subprocess.run(
         [sys.executable, "-c", _CHILD.format(path=str(path))],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     cached = int(res.stdout.strip().splitlines()[-1])
     assert (cached == 0) == (limit_mb == "0")

@@ -159,8 +159,7 @@ __device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-      "r"(c4)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4)
       : "memory");
 }
 // Named barriers 1 + wg: "warpgroup wg may issue its wgmmas". 256 threads: the 128 of the
@@ -551,7 +550,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
-      QkDesc<T> qd = qk_desc(sm, wg, st);
+    QkDesc<T> qd = qk_desc(sm, wg, st);
     PvDesc<T> vd = pv_desc(sm, prev);
     reg_fence(qd.a);
     reg_fence(qd.b);
@@ -584,7 +583,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   {
     const int last = (w.n_tiles - 1) % T::kStages;
     mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
-      PvDesc<T> vd = pv_desc(sm, last);
+    PvDesc<T> vd = pv_desc(sm, last);
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
@@ -725,9 +724,9 @@ int encode(CUtensorMap* map, const char* what, CUtensorMapDataType type, const v
     return sage::set_error("sage_attention_launch: the prepared %s is not 16-byte aligned", what);
   cuuint32_t elem_strides[kRank];
   for (int i = 0; i < kRank; ++i) elem_strides[i] = 1;
-  const CUresult r = fn(map, type, kRank, const_cast<void*>(base), dims, strides, box,
-                        elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = fn(map, type, kRank, const_cast<void*>(base), dims, strides, box, elem_strides,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return sage::set_error("sage_attention_launch: cuTensorMapEncodeTiled (%s) failed: %d", what,
                            int(r));

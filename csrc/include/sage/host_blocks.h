@@ -62,7 +62,8 @@ class HostBlockCache {
       size_t best = blocks_.size();
       for (size_t i = 0; i < blocks_.size(); ++i) {
         const size_t cap = blocks_[i].capacity;
-        if (cap >= want && cap <= 2 * want && (best == blocks_.size() || cap < blocks_[best].capacity))
+        if (cap >= want && cap <= 2 * want &&
+            (best == blocks_.size() || cap < blocks_[best].capacity))
           best = i;
       }
       if (best < blocks_.size()) {
