@@ -4,6 +4,7 @@ results are the same with the cache on and off, and freed blocks are reused."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -121,3 +122,29 @@ def test_attention_same_bits_with_cache_on_and_off(tmp_path, monkeypatch, limit_
     g = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 1024, 16, 128, generator=g).bfloat16() for _ in range(3))
     assert torch.equal(torch.load(path), aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu"))
+
+
+def test_forked_child_uses_the_cache():
+    """A child forked after the parent used (and filled) the cache prepares correctly from it:
+    the cache's lock is held across fork() (pthread_atfork) and released on both sides. The
+    child runs no torch compute of its own (torch's OpenMP pool does not survive a fork): it
+    compares bytes through numpy with what the parent computed."""
+    q, k, v = _inputs(5)
+    want = ref.prepare(q, k, v).q_int8.numpy().tobytes()
+    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+    del prepared  # its blocks go back to the cache
+    before = aiter_sage.host_cache_stats()
+    assert before["cached_blocks"] >= 3
+    pid = os.fork()
+    if pid == 0:  # child: report through the exit status only
+        ok = False
+        try:
+            got = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")
+            ok = got.q_int8.numpy().tobytes() == want
+            ok = ok and aiter_sage.host_cache_stats()["hits"] - before["hits"] >= 3
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    got = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cpu")  # the parent's cache still works
+    assert got.q_int8.numpy().tobytes() == want

@@ -7,6 +7,7 @@
 // Kernel modules are located by a Python resolver (the JIT driver) on first use per
 // (module, device, backend) and then called without touching Python again.
 #include <dlfcn.h>
+#include <pthread.h>
 #include <torch/extension.h>
 
 #include <cmath>
@@ -38,8 +39,12 @@ constexpr const char* kAttentionModule = "module_gfx1201_sage_attention";
 // ---------------------------------------------------------------------------------------------
 sage::HostBlockCache& host_blocks() {
   // Leaked on purpose: tensors freed during interpreter teardown still give their blocks back.
-  static sage::HostBlockCache* cache =
-      new sage::HostBlockCache(sage::HostBlockCache::limit_from_env());
+  static sage::HostBlockCache* cache = [] {
+    auto* c = new sage::HostBlockCache(sage::HostBlockCache::limit_from_env());
+    pthread_atfork([] { host_blocks().lock_for_fork(); }, [] { host_blocks().unlock_after_fork(); },
+                   [] { host_blocks().unlock_after_fork(); });
+    return c;
+  }();
   return *cache;
 }
 

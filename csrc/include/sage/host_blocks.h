@@ -108,6 +108,11 @@ class HostBlockCache {
     for (const Block& b : all) munmap(b.data, b.capacity);
   }
 
+  // For pthread_atfork: the lock is held across fork(), so the child's copy of the cache is
+  // never one that another thread had locked at that moment (it would stay locked forever).
+  void lock_for_fork() { mutex_.lock(); }
+  void unlock_after_fork() { mutex_.unlock(); }
+
   Stats stats() const {
     std::lock_guard<std::mutex> lock(mutex_);
     Stats s = stats_;
