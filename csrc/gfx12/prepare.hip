@@ -353,18 +353,22 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
         4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
         mean);
 
-  // x[pass][i]: the FP32 value to quantize (Q' or K') of row prep_row(tid, pass), channel 8c+i.
+  // The block row this lane works on in each pass.
+  const auto row_of = [&](int pass) {
+    return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+  };
+  // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i.
   float x[T::kQkPasses][T::kChunk];
   float amax = 0.0f;
   RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+    const int s = row_of(pass);
     raw[pass] = fetch_row<T>(f, s, s < len);
   }
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+    const int s = row_of(pass);
     const bool in_seq = s < len;  // uniform over the lanes of the row
     float v[T::kChunk];
     finish_row<T>(f, p, s, in_seq, raw[pass], v);
@@ -377,7 +381,7 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
 #pragma unroll
     for (int pass = 0; pass < T::kQkPasses; ++pass) {
-      const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+      const int s = row_of(pass);
       float corr = 0.0f;
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i) corr = corr + x[pass][i] * mean[i];
@@ -401,7 +405,7 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+    const int s = row_of(pass);
     uint32_t word[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
