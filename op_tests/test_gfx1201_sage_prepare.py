@@ -185,6 +185,33 @@ def test_prepare_zero_blocks_keep_zero_scales(backend):
 
 
 @pytest.mark.parametrize("backend", backend_params())
+def test_prepare_v_scale_sees_every_key_range(backend):
+    """The GPU prepare takes V's channel maxima over SAGE_V_AMAX_SPLITS key ranges in parallel
+    and folds them: a channel whose maximum sits at the first key, at either side of a range
+    boundary, in a middle range or at the last key, and a NaN at the last key, all give the
+    scale of the whole sequence (ref.prepare's amax). The NaN scale's payload is not compared:
+    torch's vectorised amax returns 0xffffffff where one maximum pass gives the input's NaN."""
+    s = 3000  # ranges of 256 keys: 12 of the 16 hold keys
+    q, k, v = qkv(1, s, s, 1, seed=21)
+    v = v * 0.01
+    keys = (0, 255, 256, 511, 1024, 1791, 2047, 2048, 2815, 2816, s - 1)
+    for ch, key in enumerate(keys):
+        v[0, key, 0, ch] = 50.0 + ch
+    v[0, s - 1, 0, 100] = float("nan")
+    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend)
+    want = ref.prepare(q, k, v)
+    v_scale, want_scale = got.v_scale[0, 0].cpu(), want.v_scale[0, 0]
+    assert torch.equal(v_scale.isnan(), want_scale.isnan())
+    canonical = {"v_scale": got.v_scale.cpu().nan_to_num(-1.0)}
+    assert_prepared_equal(
+        got._replace(**canonical), want._replace(v_scale=want.v_scale.nan_to_num(-1.0))
+    )
+    for ch in range(len(keys)):
+        assert v_scale[ch].item() == pytest.approx((50.0 + ch) / 448, rel=1e-6), ch
+    assert v_scale[100].isnan() and not v_scale[len(keys) : 100].isnan().any()
+
+
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("magnitude", [1e-38, 1e-30, 1e4, 1e30])
 def test_prepare_large_and_tiny_magnitudes(backend, magnitude):
     q, k, v = (randn_bshd(1, 64, 1, seed=i, scale=magnitude) for i in range(3))

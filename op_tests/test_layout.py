@@ -28,6 +28,8 @@ def probe():
         ("sage_v8_offset", [i64] * 5),
         ("sage_channel_offset", [i64] * 3),
         ("sage_padded_len", [i64]),
+        ("sage_v_amax_part_offset", [i64] * 4),
+        ("sage_v_amax_split_keys", [i64] * 2),
     ):
         getattr(lib, name).restype = i64
         getattr(lib, name).argtypes = args
@@ -55,6 +57,31 @@ def probe():
 def test_padded_len(probe):
     for n in (1, 31, 32, 33, 127, 128, 129, 200, 4096, 4097):
         assert probe.sage_padded_len(n) == ref.padded_len(n) == (n + 31) // 32 * 32
+
+
+def test_v_amax_part_offsets_are_a_contiguous_tensor(probe):
+    """The GPU prepare's scratch [B, Hkv, splits, D]: layout.h addresses it as torch would."""
+    splits = probe.sage_v_amax_splits()
+    t = torch.empty(2, 3, splits, 128)
+    for b, h, sp, d in itertools.product((0, 1), (0, 2), (0, 7, splits - 1), (0, 5, 127)):
+        want = t[b, h, sp, d].data_ptr() - t.data_ptr()
+        assert 4 * probe.sage_v_amax_part_offset(b * 3 + h, 128, sp, d) == want
+
+
+@pytest.mark.parametrize("step", [256, 128])
+def test_v_amax_splits_cover_every_key_once(probe, step):
+    """Split i covers [i * keys, min((i + 1) * keys, kv_len)): the splits tile [0, kv_len)
+    with no gap and no overlap, every split starts on a whole pass (`step` keys), and the
+    ranges are as even as that allows (at most one pass longer than an even share)."""
+    splits = probe.sage_v_amax_splits()
+    for kv_len in (1, 31, 255, 256, 257, 3000, 4096, 4097, 16384, 20000, (1 << 24) - 1):
+        keys = probe.sage_v_amax_split_keys(kv_len, step)
+        assert keys % step == 0 and keys > 0
+        covered = [(i * keys, min((i + 1) * keys, kv_len)) for i in range(splits)]
+        assert covered[0][0] == 0 and max(e for _, e in covered) == kv_len
+        ends = [e for b, e in covered if b < e]
+        assert all(b == e0 for (b, _), e0 in zip(covered[1 : len(ends)], ends)), kv_len
+        assert keys < -(-kv_len // splits) + step, kv_len
 
 
 def test_padded_head_dim(probe):

@@ -495,6 +495,9 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   at::Tensor v8 =
       new_tensor({B, Hkv, Dp, p.kv_len_pad}, q.options().dtype(pv_fp16 ? at::kHalf : kFp8Storage));
   at::Tensor v_scale = new_tensor({B, Hkv, Dp}, f32);
+  // The GPU prepare's scratch (the cpu module ignores it; small: B * Hkv * 16 * Dp floats).
+  // It lives until the launch is queued; the stream orders its reuse.
+  at::Tensor v_amax_part = new_tensor({B, Hkv, SAGE_V_AMAX_SPLITS, Dp}, f32);
   at::Tensor k_mean, lse_corr;
   if (smooth_k) {
     k_mean = new_tensor({B, Hkv, Dp}, f32);
@@ -507,6 +510,7 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.v8 = pv_fp16 ? nullptr : reinterpret_cast<sage_fp8_t*>(v8.data_ptr());
   p.v16 = pv_fp16 ? reinterpret_cast<sage_fp16_t*>(v8.data_ptr()) : nullptr;
   p.v_scale = v_scale.data_ptr<float>();
+  p.v_amax_part = v_amax_part.data_ptr<float>();
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
   p.lse_corr = smooth_k ? lse_corr.data_ptr<float>() : nullptr;
 

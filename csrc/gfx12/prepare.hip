@@ -2,17 +2,19 @@
 // the op contract (Dp = 64 or 128 channels), bit-identical to aiter_sage/ref.py prepare().
 //
 // Three kernels per (Dp, input dtype), launched in this order on the stream:
-//   1. v_scale  one workgroup per (kv head, batch): per-channel amax of V over the whole
-//               sequence -> v_scale; with smooth_k also the per-channel K mean -> k_mean in the
-//               pinned order (32 row groups = the 32 partial sums). A channel's scale depends on
-//               every row, and the module has no scratch buffer or atomics to combine partial
-//               maxima across workgroups, so one wide workgroup streams the head once.
+//   1. v_scale  one workgroup per (kv head, batch, key range): the per-channel |V| maximum
+//               of SAGE_V_AMAX_SPLITS key ranges -> v_amax_part (scratch), folded by kernel 3;
+//               with smooth_k, range 0's workgroup also takes the per-channel K mean over the
+//               whole sequence -> k_mean in the pinned order (32 row groups = the 32 partial
+//               sums). (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its 132
+//               SMs at B1 H24.)
 //   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
 //               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
 //               the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
-//   3. v_quant  one workgroup per (128-key tile, kv head, batch): V / v_scale -> e4m3,
+//   3. v_quant  one workgroup per (128-key tile, kv head, batch): folds the head's partial
+//               maxima into v_scale (tile 0 writes it out), then V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
 //               tile stores only the keys below S_pad (a multiple of 32). pv_dtype FP16 runs
 //               v_quant16 instead: the same with FP16 codes fp16(V / v_scale) (quant_v16).
@@ -46,6 +48,10 @@ struct PrepTraits {
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
+  // NVIDIA only: 8 resident qk blocks per SM (a 64-register cap). Left free, ptxas took 127
+  // registers, 4 blocks fit, and the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24
+  // S16384); at 8 blocks twice the loads are in flight (210 us), 6 blocks gave 222 us.
+  static constexpr int kQkNvBlocks = 8;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
   // thread = 64 (32) KiB per workgroup. There is one workgroup per kv head (24 at B1 H24), so
@@ -240,7 +246,7 @@ template <class T>
 SAGE_DEVICE void v_scale_body(const SageParams& p) {
   SAGE_LDS(float, part, T::kVsGroups* T::kHeadDim);  // 16 KiB (8 KiB for Dp 64)
   const int tid = sage_thread_id();
-  const int hd = sage_block_id_x(), b = sage_block_id_y();
+  const int hd = sage_block_id_x(), b = sage_block_id_y(), split = sage_block_id_z();
   const int c = prep_chunk(tid, T::kLanesPerRow), grp = tid / T::kLanesPerRow;
   const bool in_d = T::kChunk * c < p.head_dim;
   const int64_t head = head_index(p.heads_kv, b, hd);
@@ -250,12 +256,16 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
   const int kv_len = p.kv_len;
-  for (int s0 = grp; s0 < kv_len; s0 += T::kVsRowsPerStep * T::kVsUnroll) {
+  constexpr int kRowsPerPass = T::kVsRowsPerStep * T::kVsUnroll;
+  const int split_keys = int(v_amax_split_keys(kv_len, kRowsPerPass));
+  const int s_begin = split * split_keys;
+  const int s_end = kv_len - s_begin < split_keys ? kv_len : s_begin + split_keys;
+  for (int s0 = s_begin + grp; s0 < s_end; s0 += kRowsPerPass) {
     u32x4 raw[T::kVsUnroll];
 #pragma unroll
     for (int u = 0; u < T::kVsUnroll; ++u) {  // issue all loads first
       const int s = s0 + u * T::kVsRowsPerStep;
-      raw[u] = s < kv_len && in_d
+      raw[u] = s < s_end && in_d
                    ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
                    : u32x4{0, 0, 0, 0};
     }
@@ -277,9 +287,9 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
     float m = 0.0f;
     for (int g = 0; g < T::kVsGroups; ++g)
       m = nan_max(m, sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid)));
-    sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), v_channel_scale(m));
+    sage_gstore<float>(p.v_amax_part, 4 * v_amax_part_offset(head, T::kHeadDim, split, tid), m);
   }
-  if (!p.smooth_k) return;  // uniform
+  if (!p.smooth_k || split != 0) return;  // uniform
 
   // K mean. The loop bound is uniform, so every lane of a row takes part in the norm's
   // shuffles; rows past kv_len add nothing.
@@ -427,15 +437,13 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   // A thread's 4 keys of one channel: one 32-bit LDS word of e4m3 codes, two of FP16 codes.
   constexpr int kWords = T::kVqKeysPerThread * kCodeBytes / 4;
   SAGE_LDS(uint32_t, vt, T::kHeadDim* vt_row_bytes(kCodeBytes) / 4);
+  SAGE_LDS(float, channel_scale, T::kHeadDim);
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p.heads_kv, b, hd);
   const int c = prep_chunk(tid, T::kLanesPerRow), g = tid / T::kLanesPerRow;
   const bool in_d = T::kChunk * c < p.head_dim;
   const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
-
-  float scale[T::kChunk];  // channels >= D: 0 (kernel 1), so their codes are +0
-  unpack_f32x8(p.v_scale, 4 * channel_offset(head, T::kHeadDim, T::kChunk * c), scale);
 
   // Every load of the thread first (4 keys x 8 channels per pass), so that they are all in
   // flight at once: the encoding below branches per value, and loads placed between those
@@ -453,6 +461,22 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
                          ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
                          : u32x4{0, 0, 0, 0};
     }
+  // The head's channel scales while the loads are in flight: thread d folds channel d's
+  // partial maxima (the same maximum as one pass over the keys: nan_max is order-free).
+  if (tid < T::kHeadDim) {  // whole waves
+    float m = 0.0f;
+    for (int split = 0; split < SAGE_V_AMAX_SPLITS; ++split)
+      m = nan_max(m, sage_gload<float>(p.v_amax_part,
+                                       4 * v_amax_part_offset(head, T::kHeadDim, split, tid)));
+    const float s = v_channel_scale(m);
+    sage_lds_store(channel_scale, 4 * tid, s);
+    if (tile == 0) sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), s);
+  }
+  sage_barrier();
+  float scale[T::kChunk];  // channels >= D: amax 0, scale 0, so their codes are +0
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    scale[i] = sage_lds_load<float>(channel_scale, 4 * (T::kChunk * c + i));
   // Quantize; each channel's 4 key codes are kWords LDS words.
 #pragma unroll
   for (int pass = 0; pass < T::kVqPasses; ++pass) {
@@ -514,7 +538,8 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) {   \
     v_scale_body<TRAITS>(p);                                                              \
   }                                                                                       \
-  SAGE_KERNEL(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads)(SageParams p) {        \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
+                        TRAITS::kQkNvBlocks)(SageParams p) {                              \
     qk_body<TRAITS>(p);                                                                   \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) {   \
@@ -556,14 +581,17 @@ int check_launch(int rc, const char* kernel) {
 #endif
 }
 
-// The three launches of one head dim, in stream order: kernel 1 writes v_scale (and
-// k_mean), which kernels 2 (K blocks and Q's lse_corr with smoothing) and 3 read.
+// The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
+// k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
 // v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
 template <class T, class KVs, class KQk, class KVq>
 int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant,
                    KVq v_quant16) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
-  int rc = sage_launch(v_scale, sage_dim3{Hkv, B, 1}, T::kVsThreads, stream, p);
+  if (!p.v_amax_part)
+    return sage::set_error("%s: null v_amax_part (the GPU prepare's scratch)",
+                           "sage_prepare_launch");
+  int rc = sage_launch(v_scale, sage_dim3{Hkv, B, SAGE_V_AMAX_SPLITS}, T::kVsThreads, stream, p);
   if (rc) return check_launch(rc, "v_scale");
   const int64_t group = sage::group_size(p);
   const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);

@@ -19,6 +19,13 @@ SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t dim, int64_t s_pad, int
 SAGE_EXPORT int64_t sage_channel_offset(int64_t head, int64_t dim, int64_t d) {
   return sage::channel_offset(head, dim, d);
 }
+SAGE_EXPORT int64_t sage_v_amax_part_offset(int64_t head, int64_t dim, int64_t split, int64_t d) {
+  return sage::v_amax_part_offset(head, dim, split, d);
+}
+SAGE_EXPORT int64_t sage_v_amax_split_keys(int64_t kv_len, int64_t step) {
+  return sage::v_amax_split_keys(kv_len, step);
+}
+SAGE_EXPORT int sage_v_amax_splits() { return SAGE_V_AMAX_SPLITS; }
 SAGE_EXPORT int sage_padded_head_dim(int d) { return sage::padded_head_dim(d); }
 SAGE_EXPORT int64_t sage_padded_len(int64_t n) { return sage::padded_len(n); }
 SAGE_EXPORT uint8_t sage_e4m3(float x) { return sage::f32_to_e4m3_sat(x); }

@@ -52,6 +52,17 @@ SAGE_HD constexpr int64_t v8_offset(int64_t head, int64_t dim, int64_t s_pad, in
 SAGE_HD constexpr int64_t channel_offset(int64_t head, int64_t dim, int64_t d) {
   return head * dim + d;
 }
+// V amax partials (GPU prepare scratch): [B, heads_kv, SAGE_V_AMAX_SPLITS, D]; offset of
+// (linear kv head, split, channel d).
+SAGE_HD constexpr int64_t v_amax_part_offset(int64_t head, int64_t dim, int64_t split, int64_t d) {
+  return (head * SAGE_V_AMAX_SPLITS + split) * dim + d;
+}
+// Keys per split: kv_len over SAGE_V_AMAX_SPLITS, rounded up to `step` (the keys one pass of
+// the kernel covers). Split i covers [i * keys, min((i + 1) * keys, kv_len)); late splits of a
+// short sequence cover nothing.
+SAGE_HD constexpr int64_t v_amax_split_keys(int64_t kv_len, int64_t step) {
+  return round_up((kv_len + SAGE_V_AMAX_SPLITS - 1) / SAGE_V_AMAX_SPLITS, step);
+}
 // K smoothing's LSE term: [B, heads_q, q_len_pad]; offset of row s of linear query head `head`.
 SAGE_HD constexpr int64_t lse_corr_offset(int64_t head, int64_t s_pad, int64_t s) {
   return head * s_pad + s;

@@ -15,7 +15,7 @@ extern "C" {
 // 3: contract v2: head dim (64 / 128 kernels, other D <= 128 zero-padded), heads_q/heads_kv
 //    (GQA/MQA), input/output dtype (BF16/FP16), mask mode (causal), LSE output, K smoothing.
 // 4: the P.V mode (pv_dtype: FP8 or FP16 operands) and the FP16 prepared V (v16).
-#define SAGE_ABI_VERSION 4
+#define SAGE_ABI_VERSION 5
 
 // Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
 // that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
@@ -29,6 +29,9 @@ extern "C" {
 // Prepared sequence axes are padded to a multiple of this (upstream's layout): one scale
 // block. Kernels with larger tiles bound-check against the padded length.
 #define SAGE_SEQ_ALIGN 32
+// Key ranges ("splits") of a kv head over which the GPU prepare takes V's per-channel |max|
+// in parallel (v_amax_part): one workgroup per head left most of a GPU idle.
+#define SAGE_V_AMAX_SPLITS 16
 // Longest sequence: keeps every per-head offset of the prepared tensors (128 * S_pad bytes
 // of transposed V) inside 32 bits, which the gfx12 kernels' lane offsets rely on.
 #define SAGE_MAX_SEQ_LEN (1 << 24)
@@ -99,6 +102,10 @@ typedef struct SageParams {
   sage_fp8_t* v8;    // [B, heads_kv, D, kv_len_pad]  (V transposed; pv_dtype FP8, else null)
   sage_fp16_t* v16;  // same layout, FP16 codes (pv_dtype FP16, else null); offsets: v8_offset
   float* v_scale;    // [B, heads_kv, D]
+  // GPU prepare scratch, FP32 [B, heads_kv, SAGE_V_AMAX_SPLITS, D] (layout.h
+  // v_amax_part_offset): each key range's per-channel |V| maximum, folded into v_scale by
+  // the V quantize kernel. Host backends ignore it (may be null there).
+  float* v_amax_part;
   // K smoothing (prepare, smooth_k; both null otherwise):
   //  k_mean   [B, heads_kv, D] FP32 mean of K over the real keys (after norm/RoPE); K is
   //           quantized minus it.

@@ -43,6 +43,9 @@
 //   types      v2i32 (8-bit WMMA operand: 8 bytes), v8i32 / v8f32 (WMMA accumulators),
 //              u32x4 (128-bit memory transfers)
 //   kernels    SAGE_KERNEL(name, max_threads)  declares a kernel `extern "C"`
+//              SAGE_KERNEL_NV_BLOCKS(name, max_threads, blocks): the same, and on NVIDIA
+//                  `blocks` resident blocks per SM (a register cap); elsewhere SAGE_KERNEL
+//                  (gfx12 occupancy is held by the ISA test, not by a launch bound)
 //              SAGE_DEVICE                      a device function
 //              sage_launch(kernel, grid(dim3-like x,y,z), threads, stream, args...)  (host)
 //   ids        sage_thread_id(), sage_block_id_x/y/z(), sage_lane_id(), sage_wave_id()
@@ -89,6 +92,8 @@ typedef uint4 u32x4;
 // (the 512-thread v_scale kernel otherwise spills at a 64-register cap).
 #define SAGE_KERNEL(name, max_threads) \
   extern "C" __global__ void __launch_bounds__(max_threads, 1) name
+#define SAGE_KERNEL_NV_BLOCKS(name, max_threads, blocks) \
+  extern "C" __global__ void __launch_bounds__(max_threads, blocks) name
 
 SAGE_DEVICE int sage_thread_id() { return int(threadIdx.x); }
 SAGE_DEVICE int sage_block_id_x() { return int(blockIdx.x); }
@@ -271,4 +276,8 @@ template <class T>
 SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
   *reinterpret_cast<T*>(static_cast<char*>(p) + byte_offset) = v;
 }
+#endif
+
+#ifndef SAGE_KERNEL_NV_BLOCKS
+#define SAGE_KERNEL_NV_BLOCKS(name, max_threads, blocks) SAGE_KERNEL(name, max_threads)
 #endif
