@@ -61,6 +61,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -339,6 +340,14 @@ struct Consumer {
 
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
+//
+// Unmasked tiles (nearly all) take the row maximum on the integer scores of each 32-key
+// scale block and scale only those 4 maxima: the scales are >= 0 (or NaN, which fmaxf drops
+// either way) and round-to-nearest is monotonic, so max(RN(s * sc)) = RN(max(s) * sc), the same
+// bits as scaling every score first. The exponent's argument is then one FFMA, s * sc + neg,
+// with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
+// at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles keep the
+// per-score path: -inf must go in before the maximum.
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
                                              int key0, float (&alpha)[2], float (&f)[64]) {
@@ -348,20 +357,34 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
     const int kb = key0 / SAGE_SCALE_BLOCK + blk;
     sc[blk] = c.qs * (kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f);
   }
+  // Score i = 4 * ch + 2 * h + e of the thread (row half h, chunk ch, element e).
+  const auto score = [&](int i) { return s[4 * s_chunk<!T::kPv16>(i >> 2) + (i & 3)]; };
   float mx[2] = {-INFINITY, -INFINITY};
+  if constexpr (!kMasked) {
+    int block_max[4][2];
 #pragma unroll
-  for (int ch = 0; ch < 16; ++ch) {
+    for (int blk = 0; blk < 4; ++blk) block_max[blk][0] = block_max[blk][1] = INT_MIN;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      int& bm = block_max[i >> 4][(i >> 1) & 1];
+      bm = max(bm, score(i));
+    }
+#pragma unroll
+    for (int blk = 0; blk < 4; ++blk)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], float(block_max[blk][h]) * sc[blk]);
+  }
+#pragma unroll
+  for (int ch = 0; ch < 16 && kMasked; ++ch) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 4 * ch + 2 * h + e;
-        float v = float(s[4 * s_chunk<!T::kPv16>(ch) + 2 * h + e]) * sc[ch >> 2];
-        if (kMasked) {
-          const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
-          const int row = c.row0 + 8 * h;
-          if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
-        }
+        float v = float(score(i)) * sc[ch >> 2];
+        const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
+        const int row = c.row0 + 8 * h;
+        if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
         f[i] = v;
         mx[h] = fmaxf(mx[h], v);
       }
@@ -385,7 +408,10 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i >> 1) & 1;
-    f[i] = ex2(f[i] + neg[h]);
+    if constexpr (kMasked)
+      f[i] = ex2(f[i] + neg[h]);
+    else
+      f[i] = ex2(fmaf(float(score(i)), sc[i >> 4], neg[h]));
     sum[h] += f[i];
   }
 #pragma unroll
