@@ -43,7 +43,7 @@ _PARAM_FIELDS = [
     ("rope_stride_s", ctypes.c_int64),
     *[
         (n, ctypes.c_void_p)
-        for n in "q8 q_scale k8 k_scale v8 v16 v_scale k_mean lse_corr out".split()
+        for n in "q8 q_scale k8 k_scale v8 v16 v_scale v_amax_part k_mean lse_corr out".split()
     ],
     ("out_rows", ctypes.c_int32),
     ("out_stride_b", ctypes.c_int64),
@@ -73,7 +73,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 4
+        assert lib.sage_abi_version() == 5  # the layout of _PARAM_FIELDS
         _LIB["lib"] = lib
     return _LIB["lib"]
 
