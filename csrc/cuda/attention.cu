@@ -383,20 +383,21 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
     for (int blk = 0; blk < 4; ++blk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], float(block_max[blk][h]) * sc[blk]);
-  }
+  } else {
 #pragma unroll
-  for (int ch = 0; ch < 16 && kMasked; ++ch) {
+    for (int ch = 0; ch < 16; ++ch) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+      for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 4 * ch + 2 * h + e;
-        float v = score_f32(score(i)) * sc[ch >> 2];
-        const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
-        const int row = c.row0 + 8 * h;
-        if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
-        f[i] = v;
-        mx[h] = fmaxf(mx[h], v);
+        for (int e = 0; e < 2; ++e) {
+          const int i = 4 * ch + 2 * h + e;
+          float v = score_f32(score(i)) * sc[ch >> 2];
+          const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
+          const int row = c.row0 + 8 * h;
+          if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
+          f[i] = v;
+          mx[h] = fmaxf(mx[h], v);
+        }
       }
     }
   }

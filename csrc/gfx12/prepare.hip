@@ -54,9 +54,9 @@ struct PrepTraits {
   static constexpr int kQkNvBlocks = 8;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
-  // thread = 64 (32) KiB per workgroup. There is one workgroup per kv head (24 at B1 H24), so
-  // each must keep its own memory pipe full: with 32 KiB in flight the Dp 128 kernel streamed
-  // 38 GB/s on an H200 SM. (16 rows at Dp 64 cost gfx12 occupancy: 8 waves, not 10.)
+  // thread = 64 (32) KiB per workgroup, each streaming one of SAGE_V_AMAX_SPLITS key ranges
+  // of a kv head (with one workgroup per head, 32 KiB in flight streamed 38 GB/s on an H200
+  // SM). (16 rows at Dp 64 cost gfx12 occupancy: 8 waves, not 10.)
   static constexpr int kVsGroups = kMeanPartials;
   static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
   static constexpr int kVsRowsPerStep = kVsGroups;
