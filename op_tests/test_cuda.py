@@ -3,7 +3,9 @@
 Without a GPU (CI): both cuda modules compile with nvcc for sm_90a through the JIT's own
 toolchain flags; the attention kernel's PTX issues wgmma (s8 x s8, e4m3 x e4m3 and, for
 pv_dtype="fp16", f16 x f16) and ptxas reports no local-memory spills for every kernel variant;
-prepare is built without multiply-add contraction.
+prepare is built without multiply-add contraction and its default-path kernels do not spill; the
+hardware e4m3 encoder's probe compiles (and, on an sm_90 GPU, matches the bit-level one over
+every float).
 On an sm_90 GPU: graph capture and replay, a non-default stream, torch.compile and opcheck, and
 compute-sanitizer memcheck/racecheck on a small shape. (The op tests of
 test_gfx1201_sage_prepare.py, test_gfx1201_sage_attention.py and test_contract_v2.py run on the
@@ -121,6 +123,52 @@ def test_prepare_compiles_without_contraction(tmp_path):
     assert "fma.rn.f32" not in ptx, log
     for name in ("sage_prepare_v_scale_kernel", "sage_prepare_qk_d64_f16_kernel"):
         assert f".entry {name}" in ptx
+
+
+SPILL_LINE = (
+    r"Function properties for (\S+)\n\s*"
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+
+
+def test_prepare_default_path_has_no_spills(tmp_path):
+    """The kernels of an upstream-style call (qk_plain, v_scale, v_quant) keep everything in
+    registers under their NVIDIA caps: the qk kernel with the fused steps compiled in spilled
+    its norm weights at 64 registers and issued ~54 instructions per element (H200, B1 H24
+    S16384: 210 us), which is why the default call gets the plain kernel. The fused qk kernels
+    (RMSNorm / RoPE / smoothing asked for) are the only ones allowed to spill."""
+    _nvcc_or_fail()
+    log = _compile(
+        "module_gfx1201_sage_prepare", ("-cubin", "--resource-usage", "-o", "p.cubin"), tmp_path
+    )
+    frames = {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
+    suffixes = ("_", "_d64_", "_f16_", "_d64_f16_")
+    fused = {f"sage_prepare_qk{s}kernel" for s in suffixes}
+    default = {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in ("qk_plain", "v_scale")}
+    default |= {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in ("v_quant", "v_quant16")}
+    assert set(frames) == fused | default, log
+    for name in default:
+        assert frames[name] == (0, 0, 0), (name, log)
+
+
+def test_e4m3_hardware_encoder_matches_bit_level(tmp_path):
+    """sage_e4m3_sat (cvt.rn.satfinite + the NaN sign) == quant.h's f32_to_e4m3_sat for all
+    2^32 floats: the CUDA v_quant uses the former, the host tests hold the latter to ref.py.
+    Compiled everywhere; run on an sm_90 GPU."""
+    nvcc = _nvcc_or_fail()
+    exe = tmp_path / "e4m3_probe"
+    src = REPO / "op_tests" / "cuda_probes" / "e4m3_probe.cu"
+    inc = REPO / "csrc" / "include"
+    build = subprocess.run(
+        [nvcc, "-std=c++17", "-arch=sm_90a", f"-I{inc}", str(src), "-o", str(exe)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    _need_sm90()
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "mismatches 0 " in run.stdout, run.stdout + run.stderr
 
 
 def test_gpu_archs_parse_sm90():

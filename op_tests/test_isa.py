@@ -62,10 +62,12 @@ PREPARE_VARIANTS = {
     "_f16": (10, 5, 12, 6),
     "_d64_f16": (10, 8, 12, 12),
 }
+# qk_plain (no fused norm / RoPE / smoothing) holds at least qk's occupancy.
+PREPARE_KINDS = (("v_scale", 0), ("qk", 1), ("qk_plain", 1), ("v_quant", 2), ("v_quant16", 3))
 PREPARE_WAVES = {
     f"sage_prepare_{kind}{suffix}_kernel": waves[i]
     for suffix, waves in PREPARE_VARIANTS.items()
-    for i, kind in enumerate(("v_scale", "qk", "v_quant", "v_quant16"))
+    for kind, i in PREPARE_KINDS
 }
 # Designed occupancy of every kernel (test_hiprtc.py holds hiprtc builds to it too).
 TARGET_WAVES = {**{n: b["waves"] for n, b in ATTN_BUDGETS.items()}, **PREPARE_WAVES}

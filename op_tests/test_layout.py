@@ -39,6 +39,13 @@ def probe():
     lib.sage_e4m3_decode.argtypes = [ctypes.c_uint8]
     lib.sage_quant_i8.restype = ctypes.c_int8
     lib.sage_quant_i8.argtypes = [ctypes.c_float, ctypes.c_float]
+    lib.sage_quant_i8_normal_mismatches.restype = i64
+    lib.sage_quant_i8_normal_mismatches.argtypes = [
+        ctypes.POINTER(ctypes.c_float),
+        i64,
+        i64,
+        ctypes.POINTER(i64),
+    ]
     lib.sage_quant_v.restype = ctypes.c_uint8
     lib.sage_quant_v.argtypes = [ctypes.c_float, ctypes.c_float]
     lib.sage_f32_to_bf16.restype = ctypes.c_uint16
@@ -145,6 +152,35 @@ def test_scalar_fp8_encoder_matches_reference(probe):
     assert torch.equal(got, want)
     dec = torch.tensor([probe.sage_e4m3_decode(int(c)) for c in codes])
     assert torch.equal(dec.nan_to_num(9.0), vals.nan_to_num(9.0))
+
+
+def test_quant_i8_normal_equals_quant_i8(probe):
+    """The fast int8 form prepare's qk kernel takes in blocks with a normal scale gives
+    quant_i8's codes: random blocks over the whole exponent range (normal scales down to
+    FLT_MIN and up to FLT_MAX / 127), exact ties k + 1/2 (and their float neighbours), -0,
+    subnormal values inside normal blocks, and the block maximum itself."""
+    g = torch.Generator().manual_seed(7)
+    n_blocks, block = 20000, 32
+    mant = torch.randn(n_blocks, block, generator=g)
+    expo = torch.randint(-125, 120, (n_blocks, 1), generator=g).float()
+    x = mant * torch.pow(2.0, expo)
+    # Ties: values t * scale with t = k + 1/2, rounded to float, and one ulp either side.
+    amax = x.abs().amax(dim=1, keepdim=True)
+    scale = amax * (1.0 / 127.0)
+    k = torch.randint(-127, 127, (n_blocks, block // 4), generator=g).float() + 0.5
+    ties = k * scale
+    x[:, : block // 4] = ties
+    x[:, block // 4 : block // 2] = torch.nextafter(ties, torch.full_like(ties, float("inf")))
+    x[:, block // 2] = -0.0
+    x[:, block // 2 + 1] = torch.sign(mant[:, 0]) * 1e-40  # subnormal
+    x[::7, 0] = torch.finfo(torch.float32).max * 0.5  # scales near FLT_MAX / 127
+    x[::11] = x[::11] * 2.0**-120  # scales down to FLT_MIN (and below: not compared)
+    x = x.contiguous()
+    compared = ctypes.c_int64(0)
+    ptr = ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float))
+    bad = probe.sage_quant_i8_normal_mismatches(ptr, n_blocks, block, ctypes.byref(compared))
+    assert bad == 0
+    assert compared.value > 0.9 * n_blocks * block  # nearly all blocks have normal scales
 
 
 def test_scalar_quantizers_match_reference(probe):

@@ -13,6 +13,8 @@
 //               the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
+//               Two builds: qk with the fused steps, and qk_plain without them for calls that
+//               ask for none (upstream's default), which then carry none of their registers.
 //   3. v_quant  one workgroup per (128-key tile, kv head, batch): folds the head's partial
 //               maxima into v_scale (tile 0 writes it out), then V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
@@ -77,8 +79,16 @@ struct PrepTraits {
                 "v_quant stores 16-key pieces; the padded length ends on a piece boundary");
 };
 
-// |x| maximum that propagates NaN like torch.amax (fmaxf would drop it).
-SAGE_DEVICE float nan_max(float a, float b) { return (a > b || a != a) ? a : b; }
+// |x| maximum that propagates NaN like torch.amax (fmaxf would drop it). NVIDIA has it as one
+// instruction (max.NaN; its NaN is the canonical one, and NaN payloads are not part of the
+// contract: torch's own amax gives another).
+SAGE_DEVICE float nan_max(float a, float b) {
+#if defined(SAGE_HAS_FMAX_NAN)
+  return sage_fmax_nan(a, b);
+#else
+  return (a > b || a != a) ? a : b;
+#endif
+}
 
 // 8 16-bit inputs (BF16 or FP16 per `dtype`, uniform) -> exact FP32.
 SAGE_DEVICE void unpack_halfx8(u32x4 u, int dtype, float* x) {
@@ -154,7 +164,8 @@ struct RowFn {
   float w[kPrepChunk], wp[kPrepChunk];  // norm weights of chunks c and pc
 };
 
-template <class T>
+// kFused false: the plain path (no norm, no RoPE), every fused branch folded away.
+template <class T, bool kFused = true>
 SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t stride_b,
                               int64_t stride_s, int64_t stride_h, int b, int h,
                               const void* norm_weight, int tid) {
@@ -163,8 +174,8 @@ SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t str
   f.stride_s = stride_s;
   f.c = prep_chunk(tid, T::kLanesPerRow);
   f.in_d = T::kChunk * f.c < p.head_dim;
-  f.norm = norm_weight != nullptr;
-  f.rope_lane = p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
+  f.norm = kFused && norm_weight != nullptr;
+  f.rope_lane = kFused && p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
   f.pc = f.rope_lane ? rope_partner_chunk(f.c, p.rope_dim) : f.c;
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) f.w[i] = f.wp[i] = 0.0f;
@@ -183,14 +194,14 @@ struct RawRow {
 // Loads row s's chunks for finish_row (zeros past the sequence and for channels >= D). Split
 // from finish_row so that a kernel can issue the loads of several rows before it waits for
 // the first (qk_body: one round trip to memory per 32-row block instead of one per row pass).
-template <class T>
+template <class T, bool kFused = true>
 SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
   RawRow r{{0, 0, 0, 0}, {0, 0, 0, 0}};
   if (in_seq && f.in_d) {
     r.raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
     // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
     // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
-    if (f.rope_lane)
+    if (kFused && f.rope_lane)
       r.partner = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
   }
   return r;
@@ -200,13 +211,14 @@ SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
 // each rounded to in_dtype as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and
 // for rows past the sequence (in_seq false; uniform over the row's lanes). Every lane of the
 // row must call it (the norm's shuffles stay within the row's lanes).
-template <class T>
+template <class T, bool kFused = true>
 SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_seq,
                             const RawRow& r, float* v) {
   float vp[T::kChunk];
   unpack_halfx8(r.raw, T::kDtype, v);
   unpack_halfx8(r.partner, T::kDtype, vp);
-  if (f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
+  if (kFused &&
+      f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
     const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
@@ -214,7 +226,7 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
       vp[i] = rms_apply(vp[i], inv, f.wp[i], T::kDtype);
     }
   }
-  if (f.rope_lane && in_seq) {
+  if (kFused && f.rope_lane && in_seq) {
     const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * f.c;
     float cosv[T::kChunk], sinv[T::kChunk];
     unpack_f32x8(p.rope_cos, 4 * cs, cosv);
@@ -328,7 +340,7 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
 // B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
 // key/value head y / G are dealt round robin to the G query heads of its group (K block
 // (x - Sq_pad/32) * G + y % G; past the last block the workgroup exits at once).
-template <class T>
+template <class T, bool kFused>
 SAGE_DEVICE void qk_body(const SageParams& p) {
   SAGE_LDS(float, block_max, T::kQkThreads);
   const int tid = sage_thread_id(), wave = sage_wave_id();
@@ -346,18 +358,19 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   int8_t* const out8 = is_q ? p.q8 : p.k8;
   float* const out_scale = is_q ? p.q_scale : p.k_scale;
   const float factor = p.q_prescale;  // Q only
-  const RowFn f = is_q ? make_row_fn<T>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b, hd,
-                                        p.q_norm_weight, tid)
-                       : make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd,
-                                        p.k_norm_weight, tid);
+  const RowFn f = is_q ? make_row_fn<T, kFused>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b,
+                                                hd, p.q_norm_weight, tid)
+                       : make_row_fn<T, kFused>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b,
+                                                hd, p.k_norm_weight, tid);
   // Smoothing: `mean` is the K mean of the block's key/value head (kernel 1). K blocks
   // subtract it (otherwise x - (+0) = x exactly); Q blocks write each row's LSE term
   // lse_corr = Σ_c Q'[c]·mean[c] (a per-lane partial dot, then the row's butterfly).
-  const bool q_corr = is_q && p.smooth_k;  // uniform over the workgroup
+  const bool smooth = kFused && p.smooth_k;
+  const bool q_corr = is_q && smooth;  // uniform over the workgroup
   float mean[T::kChunk];
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) mean[i] = 0.0f;
-  if (p.smooth_k)
+  if (smooth)
     unpack_f32x8(
         p.k_mean,
         4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
@@ -374,14 +387,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
     const int s = row_of(pass);
-    raw[pass] = fetch_row<T>(f, s, s < len);
+    raw[pass] = fetch_row<T, kFused>(f, s, s < len);
   }
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
     const int s = row_of(pass);
     const bool in_seq = s < len;  // uniform over the lanes of the row
     float v[T::kChunk];
-    finish_row<T>(f, p, s, in_seq, raw[pass], v);
+    finish_row<T, kFused>(f, p, s, in_seq, raw[pass], v);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
       x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
@@ -413,16 +426,24 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
   const float scale = int8_block_scale(amax);
 
+  const auto store_codes = [&](auto quant) {
 #pragma unroll
-  for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = row_of(pass);
-    uint32_t word[2] = {0, 0};
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of(pass);
+      uint32_t word[2] = {0, 0};
 #pragma unroll
-    for (int i = 0; i < T::kChunk; ++i)
-      word[i / 4] |= uint32_t(uint8_t(quant_i8(x[pass][i], scale))) << (8 * (i % 4));
-    sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
-                       v2i32{int(word[0]), int(word[1])});
-  }
+      for (int i = 0; i < T::kChunk; ++i)
+        word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], scale))) << (8 * (i % 4));
+      sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
+                         v2i32{int(word[0]), int(word[1])});
+    }
+  };
+  // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
+  // (quant_i8_normal); the branch is uniform over the workgroup.
+  if (int8_scale_is_normal(scale))
+    store_codes([](float v, float sc) { return quant_i8_normal(v, sc); });
+  else
+    store_codes([](float v, float sc) { return quant_i8(v, sc); });
   if (tid == 0)
     sage_gstore<float>(out_scale, 4 * qk_scale_offset(head, len_pad, blk * SAGE_SCALE_BLOCK),
                        scale);
@@ -540,7 +561,11 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
                         TRAITS::kQkNvBlocks)(SageParams p) {                              \
-    qk_body<TRAITS>(p);                                                                   \
+    qk_body<TRAITS, true>(p);                                                             \
+  }                                                                                       \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_plain##SUFFIX##kernel, TRAITS::kQkThreads,        \
+                        TRAITS::kQkNvBlocks)(SageParams p) {                              \
+    qk_body<TRAITS, false>(p);                                                            \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) {   \
     v_quant_body<TRAITS, false>(p);                                                       \
@@ -581,12 +606,20 @@ int check_launch(int rc, const char* kernel) {
 #endif
 }
 
+// Which qk kernel: the fused one (RMSNorm, RoPE or K smoothing asked for) or the plain one
+// (upstream's default call). The plain kernel has none of the fused steps' code or registers:
+// the fused kernel's norm weights spill under the NVIDIA register cap, and its instruction
+// count per element was about 54 on an H200 (issue-bound at 210 us, B1 H24 S16384).
+bool fused_qk(const SageParams& p) {
+  return p.q_norm_weight || p.k_norm_weight || p.rope_cos || p.smooth_k;
+}
+
 // The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
 // k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
 // v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
 template <class T, class KVs, class KQk, class KVq>
-int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v_quant,
-                   KVq v_quant16) {
+int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk qk_plain,
+                   KVq v_quant, KVq v_quant16) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
   if (!p.v_amax_part)
     return sage::set_error("%s: null v_amax_part (the GPU prepare's scratch)",
@@ -597,7 +630,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KVq v
   const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);
   const unsigned qk_blocks =
       unsigned(sage::scale_blocks(p.q_len_pad) + (kv_blocks + group - 1) / group);
-  rc = sage_launch(qk, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
+  rc = sage_launch(fused_qk(p) ? qk : qk_plain, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream,
+                   p);
   if (rc) return check_launch(rc, "qk");
   const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
   rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? v_quant16 : v_quant, sage_dim3{tiles, Hkv, B},
@@ -618,7 +652,8 @@ SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
 #define SAGE_LAUNCH_PREPARE(TRAITS, SUFFIX)                                                   \
   launch_prepare<g::TRAITS>(                                                                  \
       p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
-      g::sage_prepare_v_quant##SUFFIX##kernel, g::sage_prepare_v_quant16##SUFFIX##kernel)
+      g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,      \
+      g::sage_prepare_v_quant16##SUFFIX##kernel)
   if (small && fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D64, _d64_f16_);
   if (small) return SAGE_LAUNCH_PREPARE(PrepBf16D64, _d64_);
   if (fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D128, _f16_);

@@ -61,6 +61,9 @@
 //              sage_wmma_f32_fp8(a, b, c)     e4m3 x e4m3 -> f32          (v2i32,v2i32,v8f32)
 //              sage_wmma_f32_f16(a, b, c)     fp16 x fp16 -> f32         (u32x4,u32x4,v8f32)
 //   convert    sage_cvt_pk_f16(x, y)          two f32 -> packed fp16 pair (RNE)
+//   convert    sage_e4m3_sat(x)               f32 -> e4m3fn, quant.h f32_to_e4m3_sat's bits
+//                                             (CUDA only, where SAGE_HAS_E4M3_SAT is defined)
+//   math       sage_fmax_nan(a, b)            NaN-propagating max (CUDA only, SAGE_HAS_FMAX_NAN)
 //   convert    sage_cvt_pk_fp8(x, y, old, hi) two f32 -> two e4m3 bytes in the low (hi=false)
 //                                             or high (hi=true) half of `old` (RNE, no clamp)
 //   math       sage_exp2f(x) (hardware v_exp_f32), sage_log2f(x) (hardware v_log_f32, x > 0
@@ -94,6 +97,26 @@ typedef uint4 u32x4;
   extern "C" __global__ void __launch_bounds__(max_threads, 1) name
 #define SAGE_KERNEL_NV_BLOCKS(name, max_threads, blocks) \
   extern "C" __global__ void __launch_bounds__(max_threads, blocks) name
+
+// max(a, b) that returns NaN when either is NaN (max.NaN, sm_80+; canonical NaN).
+#define SAGE_HAS_FMAX_NAN 1
+SAGE_DEVICE float sage_fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+// f32 -> e4m3fn with round-to-nearest-even, saturating to +-448 (inf too), NaN -> 0x7f | sign:
+// quant.h's f32_to_e4m3_sat on the hardware converter (sm_89+). cvt.rn.satfinite gives every
+// NaN as 0x7f, so the sign goes back in; op_tests/cuda_probes/e4m3_probe.cu compares the two
+// over all 2^32 floats. The bit-level encoder took ~25 instructions a value: prepare's v_quant
+// was issue-bound (H200, B1 H24 S16384: 52 instructions per element, 104 us).
+#define SAGE_HAS_E4M3_SAT 1
+SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x: low byte
+  const uint8_t nan = uint8_t(((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu);
+  return x != x ? nan : uint8_t(pair & 0xffu);
+}
 
 SAGE_DEVICE int sage_thread_id() { return int(threadIdx.x); }
 SAGE_DEVICE int sage_block_id_x() { return int(blockIdx.x); }
