@@ -81,3 +81,36 @@ def test_cpu_phase_harness_runs_and_is_thread_count_invariant(tmp_path):
 
 if __name__ == "__main__":
     run_as_script(__file__)
+
+
+def test_accuracy_floor_exact_pass_equals_reference_model():
+    """accuracy_floor.py's float64 pass over the prepared tensors is ref.py's quantized
+    attention (the float32 model) up to arithmetic, on the model's 32-key tiles; both sit at the
+    format's error against FP32 attention; and the script's table runs."""
+    import torch
+
+    from aiter_sage import ref
+
+    sys.path.insert(0, str(REPO / "op_benchmarks" / "hip"))
+    import accuracy_floor
+
+    s = 320
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, s, 2, 128, generator=g).to(torch.bfloat16) for _ in range(3))
+    p = ref.prepare(q, k, v)
+    exact = accuracy_floor.exact_from_prepared(p, s, kv_tile=ref.KERNEL_KV_TILE)
+    model = ref.attention_from_prepared(p, s, s).double()
+    want = ref.attention_fp32(q, k, v).double()
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    assert rel(exact, model) < 2e-3, rel(exact, model)  # a few e4m3 ties, BF16 output
+    assert 0.02 < rel(exact, want) < 0.06 and 0.02 < rel(model, want) < 0.06
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "op_benchmarks" / "hip" / "accuracy_floor.py"), "-s", "96"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "| 96 | 8 |" in proc.stdout, proc.stdout + proc.stderr
