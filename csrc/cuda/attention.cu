@@ -7,14 +7,15 @@
 // O += P16 . V16 with f16 x f16 -> f32 wgmma m64nNk16: a template variant of its own (kPv16), so
 // the FP8 kernels are unchanged.
 //
-// One CTA = 128 query rows of one (batch, query head): three warpgroups.
+// One CTA = 128 query rows of one (batch, query head): three warpgroups (the FP8 kernel at Dp 64:
+// 192 rows, four warpgroups, Traits::kWgs).
 //   warpgroup 0      producer: one thread issues TMA copies (cp.async.bulk.tensor, tensor maps
 //                    encoded on the host at each launch and passed as __grid_constant__
 //                    parameters) of the Q tile and of each 128-key K/V tile into a
 //                    kStages-deep ring of shared-memory stages, completion signalled on
 //                    mbarriers (arrive.expect_tx + complete_tx); the warpgroup gives most of
 //                    its registers to the consumers (setmaxnreg).
-//   warpgroups 1, 2  consumers, 64 query rows each. Per KV tile j the QK wgmma of tile j is in
+//   warpgroups 1..   consumers, 64 query rows each. Per KV tile j the QK wgmma of tile j is in
 //                    flight while the PV wgmma of tile j-1 runs, and the softmax of tile j
 //                    overlaps the PV of tile j-1 (two wgmma groups in flight); P is packed to
 //                    e4m3 only once that PV retired (no register of an in-flight wgmma is
@@ -76,23 +77,39 @@
 namespace sage {
 namespace sm90 {
 
-constexpr int kBlockM = 128;  // query rows per CTA
 constexpr int kBlockN = 128;  // keys per KV tile
 constexpr int kWgRows = 64;   // query rows per consumer warpgroup
-constexpr int kThreads = 384;
-constexpr int kConsumerWarps = 8;
+constexpr int kWgThreads = 128;
 // setmaxnreg: the producer warpgroup (one thread issues the TMA copies) keeps few registers,
-// the two consumer warpgroups take the rest (24 + 2 * 240 <= 65536 / 128).
+// the consumer warpgroups share the rest (Traits::kConsumerRegs).
 constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
+constexpr int kRegisterFile = 65536;
 constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSwizzleBytes = 128;  // row bytes of the widest swizzle (one swizzle atom's row)
 
-template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false>
+// Consumer warpgroups per CTA: 2 (128 query rows), or 3 (192 rows) for the FP8 kernel at Dp
+// 64, where a tile's wgmmas are half as long and the softmax, the same length, needs more warps
+// per scheduler to hide its latency; three fit its registers (160 each), not the FP16 P.V
+// kernel's (twice the P fragments: it spilled). Ping-pong takes turns between exactly two.
+template <int kDp, bool kPingPong, bool kPv16>
+constexpr int default_consumer_wgs() {
+  return kDp == 64 && !kPingPong && !kPv16 ? 3 : 2;
+}
+
+template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
+          int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>()>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
+  static constexpr int kWgs = kWgs_;              // consumer warpgroups
+  static constexpr int kBlockM = kWgRows * kWgs;  // query rows per CTA
+  static constexpr int kThreads = kWgThreads * (kWgs + 1);
+  static constexpr int kConsumerWarps = 4 * kWgs;
+  // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
+  static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
+  static_assert(kConsumerRegs <= 256 && kWgs >= 2, "setmaxnreg takes 24 .. 256");
+  static_assert(!kPingPong_ || kWgs == 2, "ping-pong alternates two consumer warpgroups");
   // The two consumer warpgroups take turns issuing their wgmmas (named barriers 1 and 2), so
   // one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
   static constexpr bool kPingPong = kPingPong_;
@@ -276,14 +293,15 @@ struct Work {
   int b, hq, hkv, q0, n_tiles;
 };
 
+template <class T>
 __device__ __forceinline__ Work work_of(const SageParams& p) {
   Work w;
   const int q_tiles = int(gridDim.x);
-  w.q0 = (q_tiles - 1 - int(blockIdx.x)) * kBlockM;  // longest causal rows first
+  w.q0 = (q_tiles - 1 - int(blockIdx.x)) * T::kBlockM;  // longest causal rows first
   w.hq = int(blockIdx.y);
   w.b = int(blockIdx.z);
   w.hkv = kv_head_of(p, w.hq);
-  const int64_t keys = keys_for_rows(p, w.q0, kBlockM);
+  const int64_t keys = keys_for_rows(p, w.q0, T::kBlockM);
   w.n_tiles = int((keys + kBlockN - 1) / kBlockN);
   return w;
 }
@@ -691,21 +709,21 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
 }
 
 template <class T>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, 1)
     attention_kernel(const __grid_constant__ SageParams p, const __grid_constant__ Maps maps) {
   extern __shared__ uint8_t smem_raw[];
   Smem<T> sm;
   sm.base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  const Work w = work_of(p);
+  const Work w = work_of<T>(p);
   const int tid = int(threadIdx.x);
-  const int wg = tid / 128;
+  const int wg = tid / kWgThreads;
   if (tid == 0) {
     mbar_init(sm.full_q(), 1);
     for (int s = 0; s < T::kStages; ++s) {
       mbar_init(sm.full_k(s), 1);
       mbar_init(sm.full_v(s), 1);
-      mbar_init(sm.empty(s), kConsumerWarps);
+      mbar_init(sm.empty(s), T::kConsumerWarps);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -714,8 +732,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     set_max_regs_dec<kProducerRegs>();
     if (tid == 0) produce<T>(maps, w, sm);
   } else {
-    set_max_regs_inc<kConsumerRegs>();
-    consume<T>(p, w, sm, wg - 1, tid - 128);
+    set_max_regs_inc<T::kConsumerRegs>();
+    consume<T>(p, w, sm, wg - 1, tid - kWgThreads);
   }
 }
 
@@ -780,7 +798,7 @@ int encode(CUtensorMap* map, const char* what, CUtensorMapDataType type, const v
 template <class T>
 int encode_maps(const SageParams& p, sage::sm90::Maps* m) {
   using u64 = cuuint64_t;
-  constexpr cuuint32_t kDp = T::kDim, kM = sage::sm90::kBlockM, kN = sage::sm90::kBlockN;
+  constexpr cuuint32_t kDp = T::kDim, kM = T::kBlockM, kN = sage::sm90::kBlockN;
   const CUtensorMapSwizzle qk_swizzle =
       kDp == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const u64 b = u64(p.batch), q_row = u64(p.heads_q) * kDp, k_row = u64(p.heads_kv) * kDp;
@@ -824,9 +842,9 @@ int launch(const SageParams& p, cudaStream_t stream) {
   }
   sage::sm90::Maps maps;
   if (encode_maps<T>(p, &maps)) return 1;
-  const unsigned q_tiles = unsigned((p.out_rows + sage::sm90::kBlockM - 1) / sage::sm90::kBlockM);
-  kernel<<<dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch)), sage::sm90::kThreads,
-           T::kSmemBytes, stream>>>(p, maps);
+  const unsigned q_tiles = unsigned((p.out_rows + T::kBlockM - 1) / T::kBlockM);
+  kernel<<<dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch)), T::kThreads, T::kSmemBytes,
+           stream>>>(p, maps);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     return sage::set_error("sage_attention_launch: launch failed: %s", cudaGetErrorString(e));
