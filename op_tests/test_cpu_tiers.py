@@ -108,7 +108,7 @@ def test_tier_keeps_subnormal_outputs(tier):
 
 @pytest.mark.parametrize("q_len,kv_len", [(1, 1), (33, 31), (130, 129), (257, 300)])
 def test_tier_tails_match_ref(tier, q_len, kv_len):
-    """Lengths off every block size (the amx tiers work on 128-row blocks and 128-key tiles
+    """Lengths off every block size (the amx tiers work on 256-row blocks and 256-key tiles
     padded with zero rows and keys): the same attention as ref.py's model of the kernel."""
     q, k, v = qkv(1, q_len, kv_len, 2, seed=q_len + kv_len)
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")

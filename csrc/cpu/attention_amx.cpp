@@ -6,7 +6,7 @@
 #define SAGE_CPU_SIMD_HEADER "cpu/simd_amx.h"
 #define SAGE_CPU_TILE_HEADER "cpu/amx_tiles.h"
 #define SAGE_CPU_BLOCK_Q 256
-#define SAGE_CPU_TILE_K 128
+#define SAGE_CPU_TILE_K 256
 #define SAGE_CPU_STRIP_ROWS 32
 #define SAGE_CPU_TIER_TABLE kAttentionAmx
 #include "cpu/attention_tier.inc"

@@ -5,7 +5,7 @@
 #define SAGE_CPU_SIMD_HEADER "cpu/simd_amx_model.h"
 #define SAGE_CPU_TILE_HEADER "cpu/amx_tiles_model.h"
 #define SAGE_CPU_BLOCK_Q 256
-#define SAGE_CPU_TILE_K 128
+#define SAGE_CPU_TILE_K 256
 #define SAGE_CPU_STRIP_ROWS 32
 #define SAGE_CPU_TIER_TABLE kAttentionAmxModel
 #include "cpu/attention_tier.inc"
