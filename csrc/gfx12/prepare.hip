@@ -217,8 +217,8 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
   float vp[T::kChunk];
   unpack_halfx8(r.raw, T::kDtype, v);
   unpack_halfx8(r.partner, T::kDtype, vp);
-  if (kFused &&
-      f.norm) {  // every lane of the row takes part in the butterfly (rows past len: zeros)
+  // Every lane of the row takes part in the norm's butterfly (rows past len: zeros).
+  if (kFused && f.norm) {
     const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
