@@ -50,10 +50,16 @@ struct PrepTraits {
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
-  // NVIDIA only: 8 resident qk blocks per SM (a 64-register cap). Left free, ptxas took 127
-  // registers, 4 blocks fit, and the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24
-  // S16384); at 8 blocks twice the loads are in flight (210 us), 6 blocks gave 222 us.
+  // NVIDIA only: 8 resident qk_plain blocks per SM (a 64-register cap; it needs 62). Measured
+  // when one build served every call: left free, ptxas took 127 registers, 4 blocks fit, and
+  // the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24 S16384); at 8 blocks twice the
+  // loads are in flight (210 us), 6 blocks gave 222 us.
   static constexpr int kQkNvBlocks = 8;
+  // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
+  // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
+  // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
+  // spills; same bits).
+  static constexpr int kQkFusedNvBlocks = 6;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
   // thread = 64 (32) KiB per workgroup, each streaming one of SAGE_V_AMAX_SPLITS key ranges
@@ -560,7 +566,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
     v_scale_body<TRAITS>(p);                                                              \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
-                        TRAITS::kQkNvBlocks)(SageParams p) {                              \
+                        TRAITS::kQkFusedNvBlocks)(SageParams p) {                         \
     qk_body<TRAITS, true>(p);                                                             \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_plain##SUFFIX##kernel, TRAITS::kQkThreads,        \
