@@ -170,7 +170,8 @@ struct RowFn {
   float w[kPrepChunk], wp[kPrepChunk];  // norm weights of chunks c and pc
 };
 
-// kFused false: the plain path (no norm, no RoPE), every fused branch folded away.
+// kFused false: the plain path (no norm, no RoPE): f.norm and f.rope_lane are constant false,
+// so fetch_row and finish_row fold their fused branches away.
 template <class T, bool kFused = true>
 SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t stride_b,
                               int64_t stride_s, int64_t stride_h, int b, int h,
@@ -200,14 +201,14 @@ struct RawRow {
 // Loads row s's chunks for finish_row (zeros past the sequence and for channels >= D). Split
 // from finish_row so that a kernel can issue the loads of several rows before it waits for
 // the first (qk_body: one round trip to memory per 32-row block instead of one per row pass).
-template <class T, bool kFused = true>
+template <class T>
 SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
   RawRow r{{0, 0, 0, 0}, {0, 0, 0, 0}};
   if (in_seq && f.in_d) {
     r.raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
     // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
     // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
-    if (kFused && f.rope_lane)
+    if (f.rope_lane)
       r.partner = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
   }
   return r;
@@ -217,14 +218,14 @@ SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
 // each rounded to in_dtype as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and
 // for rows past the sequence (in_seq false; uniform over the row's lanes). Every lane of the
 // row must call it (the norm's shuffles stay within the row's lanes).
-template <class T, bool kFused = true>
+template <class T>
 SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_seq,
                             const RawRow& r, float* v) {
   float vp[T::kChunk];
   unpack_halfx8(r.raw, T::kDtype, v);
   unpack_halfx8(r.partner, T::kDtype, vp);
   // Every lane of the row takes part in the norm's butterfly (rows past len: zeros).
-  if (kFused && f.norm) {
+  if (f.norm) {
     const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
@@ -232,7 +233,7 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
       vp[i] = rms_apply(vp[i], inv, f.wp[i], T::kDtype);
     }
   }
-  if (kFused && f.rope_lane && in_seq) {
+  if (f.rope_lane && in_seq) {
     const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * f.c;
     float cosv[T::kChunk], sinv[T::kChunk];
     unpack_f32x8(p.rope_cos, 4 * cs, cosv);
@@ -393,14 +394,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
     const int s = row_of(pass);
-    raw[pass] = fetch_row<T, kFused>(f, s, s < len);
+    raw[pass] = fetch_row<T>(f, s, s < len);
   }
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
     const int s = row_of(pass);
     const bool in_seq = s < len;  // uniform over the lanes of the row
     float v[T::kChunk];
-    finish_row<T, kFused>(f, p, s, in_seq, raw[pass], v);
+    finish_row<T>(f, p, s, in_seq, raw[pass], v);
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
       x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
