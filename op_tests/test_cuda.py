@@ -59,6 +59,17 @@ def attention_build(tmp_path_factory):
     return log, (tmp / "a.ptx").read_text()
 
 
+SPILL_LINE = (
+    r"Function properties for (\S+)\n\s*"
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
+)
+
+
+def _frames(log: str) -> dict[str, tuple[int, int, int]]:
+    """kernel -> (stack frame, spill store, spill load bytes) from ptxas --resource-usage."""
+    return {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
+
+
 def _kernels(ptx: str) -> dict[tuple[int, bool], str]:
     """(head dim, FP16 P.V) -> the PTX of the non-ping-pong attention kernel of that variant,
     from the mangled names of attention_kernel<Traits<kDp, kStages, kPingPong, kPv16>>."""
@@ -91,18 +102,11 @@ def test_attention_ptx_uses_wgmma(attention_build):
 
 def test_attention_has_no_spills(attention_build):
     log, _ = attention_build
-    frames = dict(
-        re.findall(
-            r"Function properties for (\S+)\n\s*"
-            r"(\d+ bytes stack frame, \d+ bytes spill stores, \d+ bytes spill loads)",
-            log,
-        )
-    )
+    frames = _frames(log)
     # Dp 64 and 128 with FP8 and with FP16 P.V (and the FP8 ping-pong variants)
     variants = {re.search(r"TraitsILi(\d+)ELi\d+ELb[01]ELb([01])E", n).groups() for n in frames}
     assert variants == {("64", "0"), ("128", "0"), ("64", "1"), ("128", "1")}, log
-    spill_free = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
-    assert all(f == spill_free for f in frames.values()), log
+    assert all(f == (0, 0, 0) for f in frames.values()), log
 
 
 def test_attention_wgmmas_are_not_serialized(attention_build):
@@ -125,12 +129,6 @@ def test_prepare_compiles_without_contraction(tmp_path):
         assert f".entry {name}" in ptx
 
 
-SPILL_LINE = (
-    r"Function properties for (\S+)\n\s*"
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
-
-
 def test_prepare_default_path_has_no_spills(tmp_path):
     """The kernels of an upstream-style call (qk_plain, v_scale, v_quant) keep everything in
     registers under their NVIDIA caps: the qk kernel with the fused steps compiled in spilled
@@ -141,11 +139,11 @@ def test_prepare_default_path_has_no_spills(tmp_path):
     log = _compile(
         "module_gfx1201_sage_prepare", ("-cubin", "--resource-usage", "-o", "p.cubin"), tmp_path
     )
-    frames = {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
+    frames = _frames(log)
     suffixes = ("_", "_d64_", "_f16_", "_d64_f16_")
     fused = {f"sage_prepare_qk{s}kernel" for s in suffixes}
-    default = {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in ("qk_plain", "v_scale")}
-    default |= {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in ("v_quant", "v_quant16")}
+    kinds = ("qk_plain", "v_scale", "v_quant", "v_quant16")
+    default = {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in kinds}
     assert set(frames) == fused | default, log
     for name in default:
         assert frames[name] == (0, 0, 0), (name, log)

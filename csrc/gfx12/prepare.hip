@@ -85,17 +85,6 @@ struct PrepTraits {
                 "v_quant stores 16-key pieces; the padded length ends on a piece boundary");
 };
 
-// |x| maximum that propagates NaN like torch.amax (fmaxf would drop it). NVIDIA has it as one
-// instruction (max.NaN; its NaN is the canonical one, and NaN payloads are not part of the
-// contract: torch's own amax gives another).
-SAGE_DEVICE float nan_max(float a, float b) {
-#if defined(SAGE_HAS_FMAX_NAN)
-  return sage_fmax_nan(a, b);
-#else
-  return (a > b || a != a) ? a : b;
-#endif
-}
-
 // 8 16-bit inputs (BF16 or FP16 per `dtype`, uniform) -> exact FP32.
 SAGE_DEVICE void unpack_halfx8(u32x4 u, int dtype, float* x) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};

@@ -42,10 +42,7 @@ SAGE_EXPORT int64_t sage_quant_i8_normal_mismatches(const float* x, int64_t n_bl
   for (int64_t blk = 0; blk < n_blocks; ++blk) {
     const float* xb = x + blk * block;
     float amax = 0.0f;
-    for (int64_t i = 0; i < block; ++i) {
-      const float a = __builtin_fabsf(xb[i]);
-      amax = (a > amax || a != a) ? a : amax;
-    }
+    for (int64_t i = 0; i < block; ++i) amax = sage::nan_max(amax, __builtin_fabsf(xb[i]));
     const float scale = sage::int8_block_scale(amax);
     if (!sage::int8_scale_is_normal(scale)) continue;
     for (int64_t i = 0; i < block; ++i)

@@ -67,6 +67,16 @@ inline float q_prescale_from(double softmax_scale) {
   return float(softmax_scale * 1.4426950408889634);
 }
 
+// |x| maximum that propagates NaN like torch.amax (fmaxf would drop it). A CUDA device has it
+// as one instruction (max.NaN; its NaN is the canonical one, and NaN payloads are not part of
+// the contract: torch's own amax gives another).
+SAGE_HD float nan_max(float a, float b) {
+#if defined(SAGE_HAS_FMAX_NAN) && defined(__CUDA_ARCH__)
+  return sage_fmax_nan(a, b);
+#else
+  return (a > b || a != a) ? a : b;
+#endif
+}
 // INT8 block scale: amax / 127. A block whose scale is not > 0 (all zero, underflowing, NaN)
 // gets zero codes and keeps that scale.
 SAGE_HD float int8_block_scale(float amax) { return amax / kInt8Max; }
