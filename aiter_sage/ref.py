@@ -119,6 +119,11 @@ EXP_OFFSET = 8.807350158691406
 # The attention kernels' KV tile (gfx12: one K scale block): the model at this tile is the
 # kernels' own arithmetic up to exp2's last bit.
 KERNEL_KV_TILE = 32
+# The cpu amx tiers' int8 P.V (csrc/cpu/attention_tiles.inc): P and V are quantized per step of
+# this many keys; P codes are rint(255 e), e = P / (the row's largest P of the step).
+INT8_PV_TILE = 256
+P_CODE_MAX = 255.0
+LOG2_P_CODE_MAX = 7.994353436858858  # log2(255), rounded to float32 where it is used
 
 # Accuracy band against the FP32 reference (random inputs): upstream's, plus a relative-L2
 # bound that sees a wrong output scale (cosine does not).
@@ -433,6 +438,7 @@ def attention_from_prepared(
     head_dim: int | None = None,
     out_dtype: torch.dtype = torch.bfloat16,
     return_lse: bool = False,
+    int8_pv: bool = False,
 ):
     """The quantized attention, step by step. Returns [B, q_len, Hq, head_dim] in out_dtype
     (head_dim defaults to the prepared Dp), or an :class:`AttentionResult` with
@@ -441,11 +447,15 @@ def attention_from_prepared(
     ``fp8_p=False`` keeps P unquantized (what the cpu backend does); the default is the gfx12
     kernels' P rounding: e4m3, or FP16 when the prepared V is float16 (pv_dtype "fp16").
     ``lse_corr`` (:class:`Smoothing`'s, when prepare smoothed K) makes the
-    LSE that of the unsmoothed scores."""
+    LSE that of the unsmoothed scores. ``int8_pv=True`` models the cpu amx tiers' P.V on int8
+    tiles (FP8 V only; see :func:`_int8_pv_step`), at their step of ``INT8_PV_TILE`` keys."""
     kv_len = q_len if kv_len is None else kv_len
+    if int8_pv:
+        assert not fp8_p and p.v_fp8.dtype != torch.float16, "int8_pv models FP8 V, P unrounded"
+        kv_tile = INT8_PV_TILE
     # One score scale per tile (the kernels' tile is one K scale block): the row max of
     # t = dot * scale is then taken on the exact integer dots.
-    assert SCALE_BLOCK % kv_tile == 0, kv_tile
+    assert int8_pv or SCALE_BLOCK % kv_tile == 0, kv_tile
     hq, hkv = p.q_int8.shape[2], p.k_int8.shape[2]
     group = hq // hkv
     q8 = p.q_int8.cpu().float().transpose(1, 2)  # [B, Hq, Sq_pad, Dp]; dots below are exact
@@ -468,6 +478,10 @@ def attention_from_prepared(
         seen = (keys <= rows) if is_causal else torch.ones(sq_pad, j1 - j0, dtype=torch.bool)
         any_seen = seen.any(-1)  # [Sq_pad]: rows that see a key of this tile
         dot = q8 @ k8[:, :, j0:j1].transpose(-1, -2)
+        if int8_pv:
+            ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32, per key
+            m, l, acc = _int8_pv_step(dot, ss, seen, any_seen, v8[..., j0:j1], m, l, acc)
+            continue
         dot = torch.where(seen, dot, -math.inf)
         ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32 product; one value per tile
         d_max = dot.amax(-1, keepdim=True)
@@ -492,10 +506,46 @@ def attention_from_prepared(
     o = o[:, :, :q_len, : (head_dim or d)].permute(0, 2, 1, 3).to(out_dtype).contiguous()
     if not return_lse:
         return o
-    lse2 = m + torch.log2(l) - offset
+    lse2 = m + torch.log2(l) - (0.0 if int8_pv else offset)  # int8_pv's P carries no offset
     if lse_corr is not None:
         lse2 = lse2 + lse_corr.cpu().float()
     return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
+
+
+def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
+    """One step of the cpu amx tiers' int8 P.V (csrc/cpu/attention_tiles.inc): dot the exact
+    integer scores [B, H, Sq, keys], ss their float32 scales, vd the decoded V codes [B, H, D,
+    keys] (0 past kv_len). Returns the new (m, l, acc).
+
+    * t = float32(dot * ss); t_max the row max over the keys the row sees; m' = max(m, t_max);
+      alpha = exp2(m - m'). t_ref = t_max (m' for a row that sees none of the keys), p_ref =
+      exp2(t_ref - m').
+    * P code values c = exp2(float32(dot * ss + (float32(log2 255) - t_ref))) (one fma), 0 for
+      the keys a row does not see; codes rint(c). l = l * alpha + sum(c) * float32(p_ref /
+      255).
+    * V per channel over the step's keys: s_v = amax / 127, codes rint(v * float32(127 /
+      amax)) (0 where amax is 0; s_v NaN and codes 0 where a value is NaN).
+    * acc = acc * alpha + (P codes . V codes) * (p_ref / 255 * s_v)."""
+    f32 = torch.float32
+    t = torch.where(seen, (dot * ss).to(f32), -math.inf)
+    t_max = t.amax(-1)
+    m_new = torch.maximum(m, t_max)
+    alpha = torch.where(any_seen, torch.exp2(m - m_new), 1.0)
+    t_ref = torch.where(t_max == -math.inf, m_new, t_max)
+    p_ref = torch.exp2(t_ref - m_new)
+    bias = (_f32(LOG2_P_CODE_MAX) - t_ref).double()[..., None]
+    c = torch.exp2((dot.double() * ss.double() + bias).to(f32))
+    c = torch.where(seen, c, 0.0)
+    p_scale = p_ref * _f32(1.0 / P_CODE_MAX)
+    l = l * alpha + c.sum(-1) * p_scale
+    amax = vd.abs().amax(-1, keepdim=True)  # NaN where a value is NaN
+    nan = amax.isnan()
+    inv = torch.where(amax > 0, _f32(INT8_MAX) / amax, 0.0)
+    v_codes = torch.where(nan, 0.0, torch.round(vd * torch.where(nan, 0.0, inv)))
+    v_scale = amax / _f32(INT8_MAX)  # NaN stays NaN
+    pv = torch.round(c).double() @ v_codes.double().transpose(-1, -2)  # exact integers
+    acc = acc * alpha[..., None] + pv.to(f32) * (p_scale[..., None] * v_scale.transpose(-1, -2))
+    return m_new, l, acc
 
 
 def sage_attention(

@@ -7,6 +7,7 @@ clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 import aiter_sage  # noqa: E402
-from aiter_sage import jit_driver  # noqa: E402
+from aiter_sage import jit_driver, ref  # noqa: E402
 
 
 def present_backends() -> list[str]:
@@ -137,6 +138,40 @@ def use_cpu_tier(monkeypatch, tier: str) -> None:
         if "lacks" in str(e):
             skip_no_hardware(f"this CPU has no {tier} tier")
         raise
+
+
+# cpu tiers whose FP8-mode P.V runs on int8 tiles (csrc/cpu/attention_tiles.inc), modelled by
+# ref.attention_from_prepared(int8_pv=True); the others keep P unrounded (fp8_p=False).
+INT8_PV_TIERS = ("amx", "amx_model")
+# The tiers a launch picks with no AITER_SAGE_CPU_ISA, widest first (scalar is the last resort).
+AUTO_CPU_TIERS = ("amx", "avx512", "avx2", "scalar")
+
+
+def cpu_tier_in_effect() -> str:
+    """The cpu tier a launch runs now: AITER_SAGE_CPU_ISA, else the first of AUTO_CPU_TIERS
+    that this CPU and OS accept when asked for (a small prepare asks the backend)."""
+    forced = os.environ.get("AITER_SAGE_CPU_ISA")
+    if forced:
+        return forced
+    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+    for tier in AUTO_CPU_TIERS[:-1]:
+        os.environ["AITER_SAGE_CPU_ISA"] = tier
+        try:
+            aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
+            return tier
+        except RuntimeError as e:
+            if "lacks" not in str(e):
+                raise
+        finally:
+            del os.environ["AITER_SAGE_CPU_ISA"]
+    return AUTO_CPU_TIERS[-1]
+
+
+def cpu_model(prepared, q_len: int, kv_len: int | None = None, **kw):
+    """ref's step-by-step model of the cpu tier in effect on `prepared`: P unrounded, and on
+    the amx tiers (FP8 V) their int8 P.V."""
+    int8 = cpu_tier_in_effect() in INT8_PV_TIERS and prepared.v_fp8.dtype != torch.float16
+    return ref.attention_from_prepared(prepared, q_len, kv_len, fp8_p=False, int8_pv=int8, **kw)
 
 
 def run_as_script(file: str) -> None:

@@ -14,7 +14,10 @@ import aiter_sage
 from aiter_sage import ref
 
 from common import (
+    AUTO_CPU_TIERS,
     BACKENDS,
+    INT8_PV_TIERS,
+    cpu_model,
     norm_weights,
     qkv,
     rope_tables,
@@ -28,8 +31,7 @@ pytestmark = pytest.mark.skipif("cpu" not in BACKENDS, reason="no C++ compiler f
 
 
 TIERS = ["scalar", "avx2", "avx512", "amx", "amx_model"]
-# Tiers the default picks, widest first (amx_model is never picked by default).
-AUTO_TIERS = ["amx", "avx512", "avx2", "scalar"]
+AUTO_TIERS = list(AUTO_CPU_TIERS)  # amx_model is never picked by default
 # A forked child runs one small attention: seconds, unless it hangs.
 FORK_TIMEOUT_S = 120
 
@@ -88,7 +90,7 @@ def test_tier_non_finite_inputs_agree_with_ref(tier, where):
     tensor[0, 5, 0, 7] = value
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
     prep = ref.prepare(q, k, v)
-    want = ref.attention_from_prepared(prep, 128, fp8_p=False)
+    want = cpu_model(prep, 128)
     bad = _nonfinite_rows(want)
     assert bad.any()
     assert torch.equal(_nonfinite_rows(out), bad)
@@ -101,7 +103,7 @@ def test_tier_keeps_subnormal_outputs(tier):
     q, k, v = qkv(1, 64, 64, 1, seed=9)
     v = (v.float() * 1e-39).to(torch.bfloat16)
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
-    want = ref.attention_from_prepared(ref.prepare(q, k, v), 64, fp8_p=False)
+    want = cpu_model(ref.prepare(q, k, v), 64)
     assert out.float().abs().max() > 0
     assert ref.accuracy(out, want)["rel_l2"] < 2e-2
 
@@ -112,9 +114,61 @@ def test_tier_tails_match_ref(tier, q_len, kv_len):
     padded with zero rows and keys): the same attention as ref.py's model of the kernel."""
     q, k, v = qkv(1, q_len, kv_len, 2, seed=q_len + kv_len)
     out = aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")
-    want = ref.attention_from_prepared(ref.prepare(q, k, v), q_len, kv_len, fp8_p=False)
+    want = cpu_model(ref.prepare(q, k, v), q_len, kv_len)
     assert out.shape == want.shape
     assert ref.accuracy(out, want)["rel_l2"] < 5e-3
+
+
+@pytest.mark.parametrize("amx_tier", INT8_PV_TIERS)
+def test_amx_int8_pv_matches_its_model(monkeypatch, amx_tier):
+    """The amx tiers' FP8 mode runs P.V on int8 tiles: within 1e-3 of ref's model of those
+    steps (int8_pv=True), which the unrounded-P model is over 3x that far from; V has outlier
+    keys, a zero channel and a tail off the 256-key steps. FP16 V keeps BF16 P.V: within 5e-3
+    of the unrounded-P model, as on the other tiers."""
+    use_cpu_tier(monkeypatch, amx_tier)
+    q, k, v = qkv(1, 300, 600, 2, seed=14)
+    v = v.float()
+    v[:, ::97] *= 30  # a few large keys: each 256-key step's V scale differs
+    v[..., 3] = 0  # a channel whose int8 scale is 0
+    v = v.to(torch.bfloat16)
+    for pv_dtype, int8 in (("fp8", True), ("fp16", False)):
+        prep = ref.prepare(q, k, v, pv_dtype=pv_dtype)
+        out = aiter_sage.gfx1201_sage_attention_fwd(*prep, 300, kv_len=600, backend="cpu")[:, :300]
+        want = ref.attention_from_prepared(prep, 300, 600, fp8_p=False, int8_pv=int8)
+        # FP16 V codes are rounded to BF16 in the tiles (the tier's P.V type)
+        assert ref.accuracy(out, want)["rel_l2"] < (1e-3 if int8 else 5e-3), pv_dtype
+        assert out[..., 3].abs().max() == 0
+        if int8:
+            exact_p = ref.attention_from_prepared(prep, 300, 600, fp8_p=False)
+            assert ref.accuracy(exact_p, want)["rel_l2"] > 3e-3
+
+
+@pytest.mark.parametrize("amx_tier", INT8_PV_TIERS)
+def test_amx_int8_v_codes_decode_every_e4m3_value(monkeypatch, amx_tier):
+    """The amx tiers decode e4m3 V codes arithmetically before their int8 rounding: every
+    finite code (subnormals and both signs included) against ref's table decode, through
+    channels whose 256-key steps hold only subnormal, only small or any finite codes (a
+    step's own amax sets the int8 scale, so each range gets the full 8 bits)."""
+    use_cpu_tier(monkeypatch, amx_tier)
+    q, k, v = qkv(1, 64, 512, 1, seed=15)
+    prep = ref.prepare(q, k, v)
+    g = torch.Generator().manual_seed(16)
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    ranges = {
+        "subnormal": finite[(finite & 0x78) == 0],
+        "small": finite[((finite & 0x78) > 0) & ((finite & 0x78) <= 0x18)],  # exponents 1-3
+        "any": finite,
+    }
+    bits = ref.fp8_bits(prep.v_fp8).clone()  # [B, Hkv, Dp, S]
+    for i, codes in enumerate(ranges.values()):
+        pick = torch.randint(len(codes), bits[0, 0, 8 * i : 8 * i + 8].shape, generator=g)
+        bits[0, 0, 8 * i : 8 * i + 8] = codes[pick]
+    prep = prep._replace(v_fp8=bits.view(torch.float8_e4m3fn))
+    out = aiter_sage.gfx1201_sage_attention_fwd(*prep, 64, kv_len=512, backend="cpu")[:, :64]
+    want = ref.attention_from_prepared(prep, 64, 512, fp8_p=False, int8_pv=True)
+    for i, name in enumerate(ranges):
+        ch = slice(8 * i, 8 * i + 8)
+        assert ref.accuracy(out[..., ch], want[..., ch])["rel_l2"] < 2e-3, name
 
 
 def test_tier_results_do_not_depend_on_threads(tier):
@@ -174,7 +228,7 @@ def test_tier_prepare_v2_bit_exact(tier, d, dtype, hq, hkv, smooth_k, fused):
 )
 def test_tier_attention_v2_in_band_with_lse(tier, sq, skv, hq, hkv, d, dtype, causal, smooth_k):
     """Output in the inputs' dtype with D channels, in band against FP32 attention; the LSE
-    matches ref's model of the prepared tensors (P unquantized, as the cpu keeps it) to 1e-4,
+    matches ref's model of the prepared tensors (common.cpu_model: the tier's P.V) to 1e-4,
     the smoothing term added back."""
     q, k, v = _qkv_v2(1, sq, skv, hq, hkv, d, dtype, seed=sq + d)
     out, lse = aiter_sage.gfx1201_sage_attention(
@@ -183,11 +237,10 @@ def test_tier_attention_v2_in_band_with_lse(tier, sq, skv, hq, hkv, d, dtype, ca
     assert out.dtype == dtype and out.shape == q.shape
     assert ref.band_failures(ref.accuracy(out, ref.attention_fp32(q, k, v, is_causal=causal))) == []
     prep, smoothing = ref.prepare(q, k, v, smooth_k=smooth_k, return_smoothing=True)
-    want = ref.attention_from_prepared(
+    want = cpu_model(
         prep,
         sq,
         skv,
-        fp8_p=False,
         is_causal=causal,
         lse_corr=smoothing.lse_corr if smooth_k else None,
         head_dim=d,

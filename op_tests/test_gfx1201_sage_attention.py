@@ -15,6 +15,7 @@ from common import (
     BACKENDS,
     REPO,
     backend_params,
+    cpu_model,
     device_for,
     norm_weights,
     qkv,
@@ -111,9 +112,10 @@ def test_attention_peaked_scores_in_band(backend):
 @pytest.mark.parametrize("backend", backend_params())
 def test_fwd_matches_the_model_at_the_kernel_tile(backend):
     """fwd on the reference's prepared tensors tracks ref.attention_from_prepared closely: the
-    gfx12 kernels (emu) to 2e-3 with e4m3 P at their own 32-key tile, the cpu kernels (P in
-    BF16 or FP32) to 5e-3 of the unquantized-P model. Dropping or adding the P rounding in
-    either moves the result by more than these limits (checked at the end)."""
+    gfx12 kernels (emu) to 2e-3 with e4m3 P at their own 32-key tile, the cpu kernels to 5e-3
+    of their tier's model (common.cpu_model: P in BF16 or FP32, or the amx tiers' int8 P.V).
+    Dropping or adding the P rounding in either moves the result by more than these limits
+    (checked at the end)."""
     sq, skv = 150, 260
     q, k, v = qkv(2, sq, skv, 2, seed=31)
     prep = ref.prepare(q, k, v, SCALE)
@@ -122,7 +124,7 @@ def test_fwd_matches_the_model_at_the_kernel_tile(backend):
         *[t.to(dev) for t in prep], sq, kv_len=skv, backend=backend
     )[:, :sq]
     fp8_model = ref.attention_from_prepared(prep, sq, skv)
-    exact_p_model = ref.attention_from_prepared(prep, sq, skv, fp8_p=False)
+    cpu_p_model = cpu_model(prep, sq, skv) if backend == "cpu" else None
     if backend == "cuda":
         # The Hopper kernel's KV tile is 128 keys: P is rounded to e4m3 against the running max
         # of 128-key tiles, not of the model's 32-key tiles, which moves single P codes (rel L2
@@ -131,9 +133,11 @@ def test_fwd_matches_the_model_at_the_kernel_tile(backend):
         check_band(out, q, k, v)
         return
     gpu_like = backend in ("emu", "gfx12")
-    model, limit = (fp8_model, 2e-3) if gpu_like else (exact_p_model, 5e-3)
+    exact_p_model = ref.attention_from_prepared(prep, sq, skv, fp8_p=False)
+    model, limit = (fp8_model, 2e-3) if gpu_like else (cpu_p_model, 5e-3)
     assert ref.accuracy(out, model)["rel_l2"] < limit
-    assert ref.accuracy(fp8_model, exact_p_model)["rel_l2"] > 3 * limit  # the test can tell
+    other = exact_p_model if gpu_like else fp8_model
+    assert ref.accuracy(other, model)["rel_l2"] > 3 * limit  # the test can tell
     check_band(out, q, k, v)
 
 
@@ -153,7 +157,10 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     out = aiter_sage.gfx1201_sage_attention_fwd(*[t.to(dev) for t in prep], sq, backend=backend)[
         :, :sq
     ].cpu()
-    model = ref.attention_from_prepared(prep, sq, fp8_p=backend in ("emu", "gfx12", "cuda"))
+    if backend == "cpu":
+        model = cpu_model(prep, sq)
+    else:
+        model = ref.attention_from_prepared(prep, sq)
     bad = ~torch.isfinite(out.float()).all(-1)  # [B, S, H]
     want = ~torch.isfinite(model.float()).all(-1)
     assert want[0, :, 1].all() and want[0, 32:64, 0].all() and want.sum() == sq + 32

@@ -52,6 +52,11 @@ template <int C, int A, int B>
 inline void tile_dpbssd() {
   asm volatile("tdpbssd %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "i"(C), "i"(A), "i"(B));
 }
+// tdpbsud: as tdpbssd with A's bytes signed and B's unsigned (P.V on int8 V and uint8 P codes).
+template <int C, int A, int B>
+inline void tile_dpbsud() {
+  asm volatile("tdpbsud %%tmm%c2, %%tmm%c1, %%tmm%c0" : : "i"(C), "i"(A), "i"(B));
+}
 // tdpbf16ps: C[m][n] += sum over dwords k of the 2 bf16 x bf16 products (fp32 accumulate).
 template <int C, int A, int B>
 inline void tile_dpbf16ps() {

@@ -1,9 +1,10 @@
 // aiter_sage cpu attention, amx_model tier tile layer: a plain C++ model of the AMX
 // instructions in amx_tiles.h (same interface), so that the amx tier's kernel code
 // (attention_tiles.inc) runs and is tested on any CPU. Semantics from the Intel SDM pseudocode
-// of LDTILECFG, TILELOADD, TILESTORED, TILEZERO, TDPBSSD and TDPBF16PS (palette 1): 8 tiles of
-// up to 16 rows x 64 bytes; a load zeroes the bytes past colsb and the rows past `rows`; a
-// dot product's shapes must agree (else the hardware raises #UD: here, an exception).
+// of LDTILECFG, TILELOADD, TILESTORED, TILEZERO, TDPBSSD, TDPBSUD and TDPBF16PS (palette 1):
+// 8 tiles of up to 16 rows x 64 bytes; a load zeroes the bytes past colsb and the rows past
+// `rows`; a dot product's shapes must agree (else the hardware raises #UD: here, an
+// exception).
 // TDPBF16PS treats BF16 denormal inputs as zero, rounds each fp32 add to nearest even and
 // flushes denormal results to zero (DAZ/FTZ, MXCSR ignored); the products of two BF16 values
 // are exact in fp32, so only the adds round. The hardware may add in another order; the
@@ -79,23 +80,33 @@ inline int32_t model_dword(const uint8_t* row, int k) {
   memcpy(&x, row + 4 * k, 4);
   return x;
 }
-template <int C, int A, int B>
-inline void tile_dpbssd() {
+// C[m][n] += sum over dwords k of the 4 byte products A[m][4k+j] * B[k][4n+j], A's bytes as
+// TA and B's as TB (int8_t or uint8_t); int32 accumulation wraps modulo 2^32 like the hardware.
+template <class TA, class TB, int C, int A, int B>
+inline void model_dot_bytes() {
   model_check_dot<C, A, B>();
   const int m_rows = g_model_tiles.rows[C], n_cols = g_model_tiles.colsb[C] / 4;
   const int k_dwords = g_model_tiles.colsb[A] / 4;
   for (int m = 0; m < m_rows; ++m) {
     uint8_t* c_row = model_row<C>(m);
     for (int n = 0; n < n_cols; ++n) {
-      uint32_t acc = uint32_t(model_dword(c_row, n));  // wraps modulo 2^32 like the hardware
+      uint32_t acc = uint32_t(model_dword(c_row, n));
       for (int k = 0; k < k_dwords; ++k) {
-        const int8_t* a = reinterpret_cast<const int8_t*>(model_row<A>(m) + 4 * k);
-        const int8_t* b = reinterpret_cast<const int8_t*>(model_row<B>(k) + 4 * n);
+        const TA* a = reinterpret_cast<const TA*>(model_row<A>(m) + 4 * k);
+        const TB* b = reinterpret_cast<const TB*>(model_row<B>(k) + 4 * n);
         for (int j = 0; j < 4; ++j) acc += uint32_t(int32_t(a[j]) * int32_t(b[j]));
       }
       memcpy(c_row + 4 * n, &acc, 4);
     }
   }
+}
+template <int C, int A, int B>
+inline void tile_dpbssd() {  // signed x signed
+  model_dot_bytes<int8_t, int8_t, C, A, B>();
+}
+template <int C, int A, int B>
+inline void tile_dpbsud() {  // signed A x unsigned B
+  model_dot_bytes<int8_t, uint8_t, C, A, B>();
 }
 
 inline float model_bf16_daz(uint16_t h) {  // BF16 -> fp32, denormals (and -0) as signed zero

@@ -130,6 +130,25 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
   return _mm512_dpbf16_ps(acc, (__m512bh)p_words, (__m512bh)v);
 #endif
 }
+// ---- the amx tier's int8 P.V (attention_tiles.inc) ----
+inline VF vi_to_f32(VI x) { return _mm512_cvtepi32_ps(x); }
+inline VI vi_max(VI a, VI b) { return _mm512_max_epi32(a, b); }
+inline VF vf_fma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c, one rounding
+// x, with fallback in the lanes where x is -inf.
+inline VF vf_where_neg_inf(VF x, VF fallback) {
+  return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, vf_set1(-__builtin_inff()), _CMP_EQ_OQ),
+                            fallback);
+}
+// Four keys' P code values x (each in [0, 255.5) or NaN) -> one word vector of uint8 P codes:
+// lane r = rint(x[0][r]) | rint(x[1][r]) << 8 | ... (round to nearest even, as vcvtps2dq does
+// by default). A NaN x (its row's l is NaN, so the row's output is NaN whatever its codes)
+// gives INT_MIN, which only garbles codes of its own row.
+inline VI pack_p_codes(const VF* x) {
+  VI word = _mm512_cvtps_epi32(x[0]);
+  for (int j = 1; j < 4; ++j)
+    word = _mm512_or_si512(word, _mm512_slli_epi32(_mm512_cvtps_epi32(x[j]), 8 * j));
+  return word;
+}
 // e4m3 bits -> decoded V element (BF16 bits; exact).
 inline VElem decode_v(uint8_t b) {
   return VElem(__builtin_bit_cast(uint32_t, sage::e4m3_to_f32(b)) >> 16);

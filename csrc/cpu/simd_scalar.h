@@ -135,6 +135,31 @@ inline VF pv_fma(VF acc, VI p_words, uint32_t v_word) {
                          sage::bf16_to_f32(sage_bf16_t(uint32_t(p_words.v[i]) >> 16)) *
                              sage::bf16_to_f32(sage_bf16_t(v_word >> 16)));
 }
+// The amx tier's int8 P.V operands (simd_avx512.h), lane by lane.
+inline VF vi_to_f32(VI x) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = float(x.v[i]));
+}
+inline VI vi_max(VI a, VI b) {
+  VI r;
+  SAGE_LANEWISE(r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]);
+}
+inline VF vf_fma(VF a, VF b, VF c) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = fmaf(a.v[i], b.v[i], c.v[i]));
+}
+inline VF vf_where_neg_inf(VF x, VF fallback) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = x.v[i] == -__builtin_inff() ? fallback.v[i] : x.v[i]);
+}
+inline uint32_t p_code(float x) {  // rint(x), NaN -> 0
+  return x == x && x > 0.0f ? uint32_t(rintf(x)) : 0u;
+}
+inline VI pack_p_codes(const VF* e) {
+  VI r;
+  SAGE_LANEWISE(r.v[i] = int32_t(p_code(e[0].v[i]) | p_code(e[1].v[i]) << 8 |
+                                 p_code(e[2].v[i]) << 16 | p_code(e[3].v[i]) << 24));
+}
 #undef SAGE_LANEWISE
 // e4m3 bits -> BF16 bits (exact: e4m3 values fit BF16).
 inline VElem decode_v(uint8_t b) {
