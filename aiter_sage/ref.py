@@ -124,6 +124,10 @@ KERNEL_KV_TILE = 32
 INT8_PV_TILE = 256
 P_CODE_MAX = 255.0
 LOG2_P_CODE_MAX = 7.994353436858858  # log2(255), rounded to float32 where it is used
+# The amx tiers' exp2 for P codes (csrc/cpu/exp2_poly.h, kExp2Code*): 2^n times this degree-3
+# polynomial of f = x - n, n = rint(x); relative error 7.5e-5. The model uses it so that code
+# roundings match the kernel's (torch.exp2 moves ~2 % of the codes by one).
+EXP2_CODE_POLY = (0.9999281167984009, 0.6932609677314758, 0.24261054396629333, 0.05517132207751274)
 
 # Accuracy band against the FP32 reference (random inputs): upstream's, plus a relative-L2
 # bound that sees a wrong output scale (cosine does not).
@@ -512,6 +516,15 @@ def attention_from_prepared(
     return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
 
 
+def _exp2_code(x: torch.Tensor) -> torch.Tensor:
+    """2^x as the amx tiers compute P codes (EXP2_CODE_POLY, float32 Horner steps)."""
+    n = torch.round(x)
+    f = x - n
+    c = [_f32(v) for v in EXP2_CODE_POLY]
+    p = ((c[3] * f + c[2]) * f + c[1]) * f + c[0]
+    return torch.ldexp(p, n.clamp(-300, 300))
+
+
 def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
     """One step of the cpu amx tiers' int8 P.V (csrc/cpu/attention_tiles.inc): dot the exact
     integer scores [B, H, Sq, keys], ss their float32 scales, vd the decoded V codes [B, H, D,
@@ -520,7 +533,8 @@ def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
     * t = float32(dot * ss); t_max the row max over the keys the row sees; m' = max(m, t_max);
       alpha = exp2(m - m'). t_ref = t_max (m' for a row that sees none of the keys), p_ref =
       exp2(t_ref - m').
-    * P code values c = exp2(float32(dot * ss + (float32(log2 255) - t_ref))) (one fma), 0 for
+    * P code values c = 2^float32(dot * ss + (float32(log2 255) - t_ref)) (one fma; 2^ by
+      :func:`_exp2_code`), 0 for
       the keys a row does not see; codes rint(c). l = l * alpha + sum(c) * float32(p_ref /
       255).
     * V per channel over the step's keys: s_v = amax / 127, codes rint(v * float32(127 /
@@ -534,7 +548,7 @@ def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
     t_ref = torch.where(t_max == -math.inf, m_new, t_max)
     p_ref = torch.exp2(t_ref - m_new)
     bias = (_f32(LOG2_P_CODE_MAX) - t_ref).double()[..., None]
-    c = torch.exp2((dot.double() * ss.double() + bias).to(f32))
+    c = _exp2_code((dot.double() * ss.double() + bias).to(f32))
     c = torch.where(seen, c, 0.0)
     p_scale = p_ref * _f32(1.0 / P_CODE_MAX)
     l = l * alpha + c.sum(-1) * p_scale

@@ -139,15 +139,31 @@ inline VF vf_where_neg_inf(VF x, VF fallback) {
   return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, vf_set1(-__builtin_inff()), _CMP_EQ_OQ),
                             fallback);
 }
+// 2^x for P codes (exp2_poly.h's degree-3 fit) with no clamp: x is finite or NaN here (a
+// -inf x, masked keys, gives NaN: the kernel clamps those first). Very negative x underflows
+// to 0 in vscalefps.
+inline VF vf_exp2_code(VF x) {
+  const VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const VF f = _mm512_sub_ps(x, n);
+  VF p = _mm512_set1_ps(sage_cpu::kExp2CodeC3);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC1));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC0));
+  return _mm512_scalef_ps(p, n);
+}
 // Four keys' P code values x (each in [0, 255.5) or NaN) -> one word vector of uint8 P codes:
 // lane r = rint(x[0][r]) | rint(x[1][r]) << 8 | ... (round to nearest even, as vcvtps2dq does
-// by default). A NaN x (its row's l is NaN, so the row's output is NaN whatever its codes)
-// gives INT_MIN, which only garbles codes of its own row.
+// by default; a NaN x gives INT_MIN, which the unsigned saturation of the packs makes 0). Per
+// 128-bit lane the two packs give the bytes [x0 rows 0-3 | x1 rows 0-3 | x2 .. | x3 ..]; the
+// byte shuffle gathers each row's 4 keys into its dword (one instruction fewer than shifts and
+// ors: Xeon VM, S 4096 H 16, 16 threads, median of 12 interleaved rounds 16.7 -> 16.3 ms).
 inline VI pack_p_codes(const VF* x) {
-  VI word = _mm512_cvtps_epi32(x[0]);
-  for (int j = 1; j < 4; ++j)
-    word = _mm512_or_si512(word, _mm512_slli_epi32(_mm512_cvtps_epi32(x[j]), 8 * j));
-  return word;
+  const VI x01 = _mm512_packus_epi32(_mm512_cvtps_epi32(x[0]), _mm512_cvtps_epi32(x[1]));
+  const VI x23 = _mm512_packus_epi32(_mm512_cvtps_epi32(x[2]), _mm512_cvtps_epi32(x[3]));
+  const VI rows_by_key = _mm512_packus_epi16(x01, x23);
+  const VI keys_by_row =
+      _mm512_broadcast_i32x4(_mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15));
+  return _mm512_shuffle_epi8(rows_by_key, keys_by_row);
 }
 // e4m3 bits -> decoded V element (BF16 bits; exact).
 inline VElem decode_v(uint8_t b) {

@@ -152,6 +152,19 @@ inline VF vf_where_neg_inf(VF x, VF fallback) {
   VF r;
   SAGE_LANEWISE(r.v[i] = x.v[i] == -__builtin_inff() ? fallback.v[i] : x.v[i]);
 }
+inline float exp2_code_lane(float x) {  // == simd_avx512.h's vf_exp2_code, lane by lane
+  if (x != x) return x;
+  const float n = rintf(x), f = x - n;
+  float p = sage_cpu::kExp2CodeC3;
+  p = p * f + sage_cpu::kExp2CodeC2;
+  p = p * f + sage_cpu::kExp2CodeC1;
+  p = p * f + sage_cpu::kExp2CodeC0;
+  return n < -300.0f ? 0.0f : ldexpf(p, int(n));
+}
+inline VF vf_exp2_code(VF x) {
+  VF r;
+  SAGE_LANEWISE(r.v[i] = exp2_code_lane(x.v[i]));
+}
 inline uint32_t p_code(float x) {  // rint(x), NaN -> 0
   return x == x && x > 0.0f ? uint32_t(rintf(x)) : 0u;
 }
