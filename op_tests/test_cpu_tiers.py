@@ -4,6 +4,7 @@ CI covers the amx kernel on CPUs without AMX; amx itself runs where the CPU and 
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from common import (
     AUTO_CPU_TIERS,
     BACKENDS,
     INT8_PV_TIERS,
+    REPO,
+    build_host_program,
     cpu_model,
     norm_weights,
     qkv,
@@ -342,6 +345,27 @@ def _with_threads(n, fn):
         return fn()
     finally:
         torch.set_num_threads(before)
+
+
+def test_worker_pool_runs_each_worker_once_when_thread_counts_alternate(tmp_path):
+    """op_tests/cpp/worker_pool_probe.cpp: 20000 launches straight through the pool whose
+    thread counts alternate between small and large (as prepare's phases and attention do when
+    their work items are few), so pool threads sit one launch out and are needed by the next.
+    Every launch must run each worker index exactly once and return only after all of them.
+    (Before the worker count moved into the generation word, this failed within a second on
+    2 cores: a skipped worker, a crash, or a launch waiting forever.)"""
+    exe = tmp_path / "worker_pool_probe"
+    build_host_program(
+        exe,
+        REPO / "op_tests" / "cpp" / "worker_pool_probe.cpp",
+        REPO / "csrc" / "cpu" / "cpu_runtime.cpp",
+        "-pthread",
+    )
+    for max_threads in (3, 4, 8):
+        run = subprocess.run(
+            [str(exe), "20000", str(max_threads)], capture_output=True, text=True, timeout=120
+        )
+        assert (run.returncode, run.stdout.strip()) == (0, "ok"), (max_threads, run)
 
 
 def test_concurrent_launches_from_python_threads_match_sequential_ones():

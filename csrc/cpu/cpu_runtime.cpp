@@ -168,9 +168,9 @@ bool spin_until(const Done& done) {
 
 // Worker threads that persist between launches. One launch at a time owns the pool (the
 // launch mutex); workers 1 .. n-1 of a launch are pool threads 0 .. n-2, woken through a
-// generation counter. The pool is never destroyed (its threads sleep through process exit;
-// destroying a condition variable that threads wait on is undefined), and a forked child
-// starts a new one (the parent's threads do not exist there).
+// generation counter (job_). The pool is never destroyed (its threads sleep through process
+// exit; destroying a condition variable that threads wait on is undefined), and a forked
+// child starts a new one (the parent's threads do not exist there).
 class WorkerPool {
  public:
   // Runs body(ctx, w) for w in [0, threads); false (nothing run) if another launch owns the
@@ -182,11 +182,11 @@ class WorkerPool {
     const int pooled = threads - 1 < int(threads_.size()) ? threads - 1 : int(threads_.size());
     body_ = body;
     ctx_ = ctx;
-    workers_ = pooled;
     pending_.store(pooled, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(m_);
-      generation_.fetch_add(1, std::memory_order_release);
+      const uint64_t generation = (job_.load(std::memory_order_relaxed) >> 32) + 1;
+      job_.store(generation << 32 | uint32_t(pooled), std::memory_order_release);
     }
     wake_.notify_all();
     body(ctx, 0);
@@ -205,7 +205,7 @@ class WorkerPool {
     try {
       while (int(threads_.size()) < wanted) {
         const int index = int(threads_.size());
-        const uint64_t seen = generation_.load(std::memory_order_relaxed);
+        const uint64_t seen = job_.load(std::memory_order_relaxed);
         threads_.emplace_back([this, index, seen] { work(index, seen); });
       }
     } catch (const std::system_error&) {
@@ -213,19 +213,26 @@ class WorkerPool {
     }
   }
 
+  // A worker acts on the job word it loaded, never on a later launch's fields: if that job
+  // counts it in, its launch cannot finish (nor the next one write body_ and ctx_) before it
+  // has run; if not, it skips that generation. (With the worker count in a separate field, a
+  // worker that loaded generation G and was preempted could read generation G + 1's count,
+  // run G + 1's body, then see G + 1 as new and run it again: pending_ went out of step and a
+  // launch could wait forever, or return while a worker still ran. The worker-pool probe
+  // reproduced that hang within seconds on 2 cores.)
   void work(int index, uint64_t seen) {
     for (;;) {
       uint64_t now = seen;
       const auto posted = [&] {
-        now = generation_.load(std::memory_order_acquire);
-        return now != seen;
+        now = job_.load(std::memory_order_acquire);
+        return now >> 32 != seen >> 32;
       };
       if (!spin_until(posted)) {
         std::unique_lock<std::mutex> lock(m_);
         wake_.wait(lock, posted);
       }
       seen = now;
-      if (index >= workers_) continue;
+      if (index >= int(uint32_t(now))) continue;  // not counted in this launch
       body_(ctx_, index + 1);
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
         std::lock_guard<std::mutex> lock(m_);
@@ -238,12 +245,13 @@ class WorkerPool {
   std::mutex m_;       // guards the sleeps on wake_ and done_
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;
-  // The posted job: written by the owning launch before generation_ moves (release), read
-  // by the workers after they see it move (acquire).
+  // The posted job: body_ and ctx_ are written by the owning launch before job_ moves
+  // (release), and read by the workers it counts in after they see it move (acquire). job_ is
+  // the launch's generation (high 32 bits) and its pooled worker count (low 32 bits) in one
+  // word, so that a worker reads both from the same launch.
   void (*body_)(void*, int) = nullptr;
   void* ctx_ = nullptr;
-  int workers_ = 0;
-  std::atomic<uint64_t> generation_{0};
+  std::atomic<uint64_t> job_{0};
   std::atomic<int> pending_{0};
 };
 
