@@ -20,4 +20,7 @@ constexpr float kExp2CodeC0 = 0.9999281167984009f;
 constexpr float kExp2CodeC1 = 0.6932609677314758f;
 constexpr float kExp2CodeC2 = 0.24261054396629333f;
 constexpr float kExp2CodeC3 = 0.05517132207751274f;
+// The same coefficients highest degree first, for the Horner loops of the operand layers.
+constexpr float kExp2PolyP[] = {kExp2PolyC4, kExp2PolyC3, kExp2PolyC2, kExp2PolyC1, kExp2PolyC0};
+constexpr float kExp2PolyCode[] = {kExp2CodeC3, kExp2CodeC2, kExp2CodeC1, kExp2CodeC0};
 }  // namespace sage_cpu

@@ -59,17 +59,20 @@ inline VF vf_exp2(VF x) {
 // is NaN).
 inline VF vf_max_fast(VF a, VF b) { return _mm512_max_ps(a, b); }
 
-// 2^x for P (exp2_poly.h): the clamp and vscalefps as in vf_exp2, the degree-4 polynomial.
-inline VF vf_exp2_p(VF x) {
-  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);
+// 2^n * c(f) with n = rint(x), f = x - n (|f| <= 1/2): c's coefficients highest degree first,
+// evaluated by Horner's rule in fmas; vscalefps applies 2^n (underflowing to exact 0).
+template <int kTerms>
+inline VF exp2_by_poly(VF x, const float (&c)[kTerms]) {
   const VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const VF f = _mm512_sub_ps(x, n);
-  VF p = _mm512_set1_ps(sage_cpu::kExp2PolyC4);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2PolyC0));
+  VF p = _mm512_set1_ps(c[0]);
+  for (int i = 1; i < kTerms; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c[i]));
   return _mm512_scalef_ps(p, n);
+}
+
+// 2^x for P (exp2_poly.h): the clamp as in vf_exp2, the degree-4 polynomial.
+inline VF vf_exp2_p(VF x) {
+  return exp2_by_poly(_mm512_max_ps(_mm512_set1_ps(-200.0f), x), sage_cpu::kExp2PolyP);
 }
 
 // Q word `word` of one row: channels 4w..4w+3, offset to unsigned for vpdpbusd. The amx tier
@@ -142,15 +145,7 @@ inline VF vf_where_neg_inf(VF x, VF fallback) {
 // 2^x for P codes (exp2_poly.h's degree-3 fit) with no clamp: x is finite or NaN here (a
 // -inf x, masked keys, gives NaN: the kernel clamps those first). Very negative x underflows
 // to 0 in vscalefps.
-inline VF vf_exp2_code(VF x) {
-  const VF n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const VF f = _mm512_sub_ps(x, n);
-  VF p = _mm512_set1_ps(sage_cpu::kExp2CodeC3);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC1));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(sage_cpu::kExp2CodeC0));
-  return _mm512_scalef_ps(p, n);
-}
+inline VF vf_exp2_code(VF x) { return exp2_by_poly(x, sage_cpu::kExp2PolyCode); }
 // Four keys' P code values x (each in [0, 255.5) or NaN) -> one word vector of uint8 P codes:
 // lane r = rint(x[0][r]) | rint(x[1][r]) << 8 | ... (round to nearest even, as vcvtps2dq does
 // by default; a NaN x gives INT_MIN, which the unsigned saturation of the packs makes 0). Per

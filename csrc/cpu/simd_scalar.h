@@ -83,18 +83,20 @@ inline VF vf_max_fast(VF a, VF b) {
   VF r;
   SAGE_LANEWISE(r.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i]);
 }
-// 2^x for P as the amx tier computes it (simd_avx512.h: clamp at -200, exp2_poly.h's
-// polynomial of the fraction, times 2^n; NaN stays NaN).
-inline float exp2_p_lane(float x) {
+// 2^x as simd_avx512.h's exp2_by_poly computes it, one lane: n = rint(x), Horner's rule on
+// f = x - n (coefficients highest degree first), times 2^n; NaN stays NaN.
+template <int kTerms>
+inline float exp2_by_poly_lane(float x, const float (&c)[kTerms]) {
   if (x != x) return x;
-  x = x < -200.0f ? -200.0f : x;
   const float n = rintf(x), f = x - n;
-  float p = sage_cpu::kExp2PolyC4;
-  p = p * f + sage_cpu::kExp2PolyC3;
-  p = p * f + sage_cpu::kExp2PolyC2;
-  p = p * f + sage_cpu::kExp2PolyC1;
-  p = p * f + sage_cpu::kExp2PolyC0;
-  return ldexpf(p, int(n));
+  float p = c[0];
+  for (int i = 1; i < kTerms; ++i) p = p * f + c[i];
+  return n < -300.0f ? 0.0f : ldexpf(p, int(n));
+}
+// 2^x for P as the amx tier computes it (simd_avx512.h: clamp at -200, exp2_poly.h's
+// polynomial).
+inline float exp2_p_lane(float x) {
+  return exp2_by_poly_lane(x < -200.0f ? -200.0f : x, sage_cpu::kExp2PolyP);
 }
 inline VF vf_exp2_p(VF x) {
   VF r;
@@ -153,13 +155,7 @@ inline VF vf_where_neg_inf(VF x, VF fallback) {
   SAGE_LANEWISE(r.v[i] = x.v[i] == -__builtin_inff() ? fallback.v[i] : x.v[i]);
 }
 inline float exp2_code_lane(float x) {  // == simd_avx512.h's vf_exp2_code, lane by lane
-  if (x != x) return x;
-  const float n = rintf(x), f = x - n;
-  float p = sage_cpu::kExp2CodeC3;
-  p = p * f + sage_cpu::kExp2CodeC2;
-  p = p * f + sage_cpu::kExp2CodeC1;
-  p = p * f + sage_cpu::kExp2CodeC0;
-  return n < -300.0f ? 0.0f : ldexpf(p, int(n));
+  return exp2_by_poly_lane(x, sage_cpu::kExp2PolyCode);
 }
 inline VF vf_exp2_code(VF x) {
   VF r;
