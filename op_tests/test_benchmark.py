@@ -79,6 +79,56 @@ def test_cpu_phase_harness_runs_and_is_thread_count_invariant(tmp_path):
     assert sums[0] == sums[1] and math.isfinite(sums[0]) and sums[0] != 0.0, sums
 
 
+def _cpu_has_tier(tier: str) -> bool:
+    """Whether the cpu backend runs `tier` on this machine (it refuses a tier the CPU lacks)."""
+    import os
+
+    import torch
+
+    import aiter_sage
+
+    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+    old = os.environ.get("AITER_SAGE_CPU_ISA")
+    os.environ["AITER_SAGE_CPU_ISA"] = tier
+    try:
+        aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
+        return True
+    except RuntimeError as e:
+        if "lacks" not in str(e):
+            raise
+        return False
+    finally:
+        if old is None:
+            del os.environ["AITER_SAGE_CPU_ISA"]
+        else:
+            os.environ["AITER_SAGE_CPU_ISA"] = old
+
+
+def test_cpu_ceiling_harness_runs_each_kind_exactly_where_the_backend_runs_its_tier(tmp_path):
+    """op_benchmarks/cpu/bench_cpu_ceiling.cpp (the arithmetic units' thread-scaling ceiling)
+    runs a kind exactly on the machines where the cpu backend runs the tier of that name,
+    reporting a positive aggregate rate that is the per-thread rate times the thread count;
+    elsewhere it exits 1 naming what the CPU lacks (never a SIGILL)."""
+    exe = tmp_path / "bench_cpu_ceiling"
+    build_host_program(exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_ceiling.cpp", "-pthread")
+    for kind in ("amx", "avx512", "avx2"):
+        proc = subprocess.run(
+            [str(exe), kind, "1", "2"], capture_output=True, text=True, timeout=300
+        )
+        if not _cpu_has_tier(kind):
+            assert proc.returncode == 1 and "lacks" in proc.stderr, (kind, proc)
+            continue
+        assert proc.returncode == 0, (kind, proc.stdout + proc.stderr)
+        lines = [x.split() for x in proc.stdout.splitlines()]
+        assert [x[1] for x in lines] == ["threads=1", "threads=2"], proc.stdout
+        for x in lines:
+            threads, total, each = int(x[1].split("=")[1]), float(x[3]), float(x[6])
+            assert total > 0 and math.isfinite(total), proc.stdout
+            assert abs(total - threads * each) <= 1e-3 * total + 2e-3, proc.stdout
+    bad = subprocess.run([str(exe), "sse9", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown kind" in bad.stderr
+
+
 if __name__ == "__main__":
     run_as_script(__file__)
 
