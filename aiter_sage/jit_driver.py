@@ -387,6 +387,11 @@ def _torch_toolchain() -> Toolchain:
         *inc,
     ) + _include_flags()
     libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
+    # at::parallel_for reaches torch's intra-op threads only when compiled with OpenMP (the cpu
+    # modules' workers run there: csrc/binding/sage_torch.cpp, cpu_executor).
+    if torch.backends.openmp.is_available():
+        cflags += ("-fopenmp",)
+        libs.append("-fopenmp")
     if torch.version.hip or torch.version.cuda:  # GPU torch: register the GPU kernels too
         gpu = "hip" if torch.version.hip else "cuda"
         cflags += (

@@ -129,15 +129,10 @@ def build_host_program(exe, *args) -> None:
 
 def use_cpu_tier(monkeypatch, tier: str) -> None:
     """Forces cpu tier `tier` (AITER_SAGE_CPU_ISA) for the test; skips as absent hardware when
-    this CPU lacks it (a small prepare asks the backend)."""
+    this CPU lacks it."""
+    if not cpu_has_tier(tier):
+        skip_no_hardware(f"this CPU has no {tier} tier")
     monkeypatch.setenv("AITER_SAGE_CPU_ISA", tier)
-    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
-    try:
-        aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
-    except RuntimeError as e:
-        if "lacks" in str(e):
-            skip_no_hardware(f"this CPU has no {tier} tier")
-        raise
 
 
 # cpu tiers whose FP8-mode P.V runs on int8 tiles (csrc/cpu/attention_tiles.inc), modelled by
@@ -147,24 +142,33 @@ INT8_PV_TIERS = ("amx", "amx_model")
 AUTO_CPU_TIERS = ("amx", "avx512", "avx2", "scalar")
 
 
+def cpu_has_tier(tier: str) -> bool:
+    """Whether this CPU and OS run cpu tier `tier` when asked for (a small prepare with
+    AITER_SAGE_CPU_ISA=tier asks the backend, which refuses a tier the machine lacks)."""
+    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
+    before = os.environ.get("AITER_SAGE_CPU_ISA")
+    os.environ["AITER_SAGE_CPU_ISA"] = tier
+    try:
+        aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
+        return True
+    except RuntimeError as e:
+        if "lacks" not in str(e):
+            raise
+        return False
+    finally:
+        if before is None:
+            del os.environ["AITER_SAGE_CPU_ISA"]
+        else:
+            os.environ["AITER_SAGE_CPU_ISA"] = before
+
+
 def cpu_tier_in_effect() -> str:
     """The cpu tier a launch runs now: AITER_SAGE_CPU_ISA, else the first of AUTO_CPU_TIERS
-    that this CPU and OS accept when asked for (a small prepare asks the backend)."""
+    that this CPU and OS accept when asked for."""
     forced = os.environ.get("AITER_SAGE_CPU_ISA")
     if forced:
         return forced
-    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
-    for tier in AUTO_CPU_TIERS[:-1]:
-        os.environ["AITER_SAGE_CPU_ISA"] = tier
-        try:
-            aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
-            return tier
-        except RuntimeError as e:
-            if "lacks" not in str(e):
-                raise
-        finally:
-            del os.environ["AITER_SAGE_CPU_ISA"]
-    return AUTO_CPU_TIERS[-1]
+    return next((t for t in AUTO_CPU_TIERS[:-1] if cpu_has_tier(t)), AUTO_CPU_TIERS[-1])
 
 
 def cpu_model(prepared, q_len: int, kv_len: int | None = None, **kw):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from common import REPO, build_host_program, run_as_script
+from common import REPO, build_host_program, cpu_has_tier, run_as_script
 
 BENCH = REPO / "op_benchmarks" / "hip" / "bench_gfx1201_sage_attention.py"
 TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
@@ -53,55 +53,41 @@ def test_problem_options_are_columns(tmp_path, options, expect):
     assert rows[-1]["provider"] == f"sdpa_{expect.get('dtype', 'bf16')}"
 
 
-def test_cpu_phase_harness_runs_and_is_thread_count_invariant(tmp_path):
+def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):
     """op_benchmarks/cpu/bench_cpu_phases.cpp (the cpu backend's prepare and attention timed
-    through their C ABI) builds against today's headers and runs on the JIT's cpu modules; its
-    output checksum does not depend on the thread count (the work split changes, the
-    arithmetic does not)."""
+    through their C ABI) builds against today's headers and runs on the JIT's cpu modules. Every
+    prepared and output byte (its hash) is the same at 1 and 2 threads on the modules' own pool
+    and through a caller's SageCpuExecutor (sage/module_abi.h) that runs the workers one after
+    another in reverse order, or on threads of its own: the work split and the threads change,
+    the arithmetic does not. The executors check that each launch calls every worker once."""
     from aiter_sage import jit_driver
 
     exe = tmp_path / "bench_cpu_phases"
-    build_host_program(exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp", "-ldl")
+    build_host_program(
+        exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp", "-ldl", "-pthread"
+    )
     mods = [
         str(jit_driver.ensure_module(m, "cpu"))
         for m in ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
     ]
-    sums = []
-    for threads in ("1", "2"):
+    sums, hashes = [], []
+    for threads, executor in (("1", "pool"), ("2", "pool"), ("3", "serial"), ("3", "threads")):
         proc = subprocess.run(
-            [str(exe), *mods, "96", "2", threads, "2"], capture_output=True, text=True, timeout=300
+            [str(exe), *mods, "96", "2", threads, "2", executor],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        line = [x for x in proc.stdout.splitlines() if x.startswith("checksum ")]
-        assert len(line) == 1 and "attention TFLOPS" in proc.stdout, proc.stdout
-        sums.append(float(line[0].split()[1]))
+        out = dict(x.split(" ", 1) for x in proc.stdout.splitlines() if " " in x)
+        assert "attention TFLOPS" in proc.stdout, proc.stdout
+        sums.append(float(out["checksum"]))
+        hashes.append(out["hash"])
+        if executor != "pool":  # 3 calls of 2 prepare phases and an attention
+            assert out["executor"] == "launches 9", proc.stdout
     # equal, finite and not the checksum of an all-zero output
-    assert sums[0] == sums[1] and math.isfinite(sums[0]) and sums[0] != 0.0, sums
-
-
-def _cpu_has_tier(tier: str) -> bool:
-    """Whether the cpu backend runs `tier` on this machine (it refuses a tier the CPU lacks)."""
-    import os
-
-    import torch
-
-    import aiter_sage
-
-    q = torch.zeros(1, 8, 1, 64, dtype=torch.bfloat16)
-    old = os.environ.get("AITER_SAGE_CPU_ISA")
-    os.environ["AITER_SAGE_CPU_ISA"] = tier
-    try:
-        aiter_sage.gfx1201_sage_prepare(q, q, q, backend="cpu")
-        return True
-    except RuntimeError as e:
-        if "lacks" not in str(e):
-            raise
-        return False
-    finally:
-        if old is None:
-            del os.environ["AITER_SAGE_CPU_ISA"]
-        else:
-            os.environ["AITER_SAGE_CPU_ISA"] = old
+    assert len(set(hashes)) == 1 and len(set(sums)) == 1, (hashes, sums)
+    assert math.isfinite(sums[0]) and sums[0] != 0.0, sums
 
 
 def test_cpu_ceiling_harness_runs_each_kind_exactly_where_the_backend_runs_its_tier(tmp_path):
@@ -115,7 +101,7 @@ def test_cpu_ceiling_harness_runs_each_kind_exactly_where_the_backend_runs_its_t
         proc = subprocess.run(
             [str(exe), kind, "1", "2"], capture_output=True, text=True, timeout=300
         )
-        if not _cpu_has_tier(kind):
+        if not cpu_has_tier(kind):
             assert proc.returncode == 1 and "lacks" in proc.stderr, (kind, proc)
             continue
         assert proc.returncode == 0, (kind, proc.stdout + proc.stderr)

@@ -5,6 +5,7 @@ CI covers the amx kernel on CPUs without AMX; amx itself runs where the CPU and 
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -345,6 +346,44 @@ def _with_threads(n, fn):
         return fn()
     finally:
         torch.set_num_threads(before)
+
+
+def test_cpu_workers_run_in_parallel_on_torchs_threads():
+    """Where torch runs its intra-op work on OpenMP, the cpu ops run their workers on those
+    threads (the binding's SageCpuExecutor): two 20 ms workers at two torch threads take two
+    distinct threads. (A binding built without OpenMP would run them one after another on one
+    thread, 10x slower at 16 threads; the modules' own pool would compete with torch's spinning
+    threads.)"""
+    from aiter_sage.ops import binding
+
+    if not torch.backends.openmp.is_available():
+        pytest.skip("this torch has no OpenMP intra-op threads; the modules use their own pool")
+    aiter_sage.gfx1201_sage_prepare(*qkv(1, 32, 32, 1), backend="cpu")  # loads the binding
+    assert _with_threads(2, lambda: binding().cpu_executor_threads(2)) == 2
+    assert _with_threads(1, lambda: binding().cpu_executor_threads(3)) == 1
+
+
+def test_cpu_ops_start_no_threads_of_their_own_beside_torchs():
+    """In a fresh process whose torch has run an op on its threads, cpu attention and prepare
+    leave the process's thread count as it was: their workers ran on torch's threads, not on a
+    pool of the modules' own."""
+    if not torch.backends.openmp.is_available():
+        pytest.skip("this torch has no OpenMP intra-op threads; the modules use their own pool")
+    code = (
+        "import os, torch, aiter_sage\n"
+        "torch.set_num_threads(2)\n"
+        "a = torch.randn(256, 256); a @ a\n"
+        "q, k, v = (torch.randn(1, 300, 2, 128).to(torch.bfloat16) for _ in range(3))\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "for _ in range(3): aiter_sage.gfx1201_sage_attention(q, k, v, backend='cpu')\n"
+        "print(before, len(os.listdir('/proc/self/task')))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=str(REPO)
+    )
+    assert run.returncode == 0, run.stderr
+    before, after = map(int, run.stdout.split()[-2:])
+    assert after == before, run.stdout
 
 
 def test_worker_pool_runs_each_worker_once_when_thread_counts_alternate(tmp_path):

@@ -7,19 +7,26 @@
 // Kernel modules are located by a Python resolver (the JIT driver) on first use per
 // (module, device, backend) and then called without touching Python again.
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <unordered_map>
 
 #include "sage/check.h"
 #include "sage/host_blocks.h"
 #include "sage/layout.h"
+#include "sage/module_abi.h"
 #include "sage/params.h"
 #include "sage/quant.h"
 
@@ -129,10 +136,93 @@ void* stream_for(const at::Device& device) {
   return nullptr;
 }
 
+// The cpu modules' workers run on torch's intra-op threads (at::parallel_for, one worker per
+// index): torch's OpenMP threads keep spinning after each torch op, so threads of the module's
+// own beside them would compete for the same cores (sage/module_abi.h, SageCpuExecutor).
+// Nested in a torch parallel region, at::parallel_for runs the workers one after another,
+// which the modules allow.
+void run_on_torch_threads(void* /*self*/, int workers, void (*body)(void*, int), void* ctx) {
+  at::parallel_for(0, workers, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) body(ctx, int(w));
+  });
+}
+const SageCpuExecutor kTorchThreads{SAGE_CPU_EXECUTOR_MAGIC, run_on_torch_threads, nullptr};
+
+// The OpenMP runtimes loaded in this process (GNU, Intel, LLVM), by file name.
+int openmp_runtimes_loaded() {
+  int found = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        const char* base = info->dlpi_name ? std::strrchr(info->dlpi_name, '/') : nullptr;
+        base = base ? base + 1 : info->dlpi_name;
+        if (base && (!std::strncmp(base, "libgomp", 7) || !std::strncmp(base, "libiomp", 7) ||
+                     !std::strncmp(base, "libomp", 6)))
+          ++*static_cast<int*>(data);
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+// Set in a child forked from this process: GNU OpenMP's threads do not survive a fork, and a
+// parallel region in the child waits for them forever (torch's own ops too). Registered when
+// the binding loads (PYBIND11_MODULE), before any fork that matters.
+std::atomic<bool> g_forked_child{false};
+void note_forks() {
+  pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+}
+
+// torch's threads where this binding shares torch's OpenMP runtime: built with -fopenmp
+// (jit_driver, where torch uses OpenMP), and one runtime in the process, so the binding's
+// at::parallel_for reaches torch's threads (torch wheels ship libgomp.so.1, which the loader
+// then gives the binding too). Otherwise null: the modules use their own pool, as a binding
+// without OpenMP would run the workers one after another; so does a forked child, where the
+// pool starts threads of its own.
+const SageCpuExecutor* cpu_executor() {
+#ifdef _OPENMP
+  static const bool shared = openmp_runtimes_loaded() == 1;
+  return shared && !g_forked_child.load() ? &kTorchThreads : nullptr;
+#else
+  return nullptr;
+#endif
+}
+
+// How many distinct threads the cpu executor in effect uses for `workers` workers that each
+// take 20 ms (tests: the workers must run in parallel, not one after another).
+int64_t cpu_executor_threads(int64_t workers) {
+  const SageCpuExecutor* e = cpu_executor();
+  if (!e) return -1;  // no executor: the modules use their own pool
+  struct Seen {
+    std::mutex m;
+    std::set<pthread_t> threads;
+  } seen;
+  e->run(
+      e->self, int(workers),
+      [](void* ctx, int) {
+        auto* s = static_cast<Seen*>(ctx);
+        {
+          std::lock_guard<std::mutex> lock(s->m);
+          s->threads.insert(pthread_self());
+        }
+        struct timespec pause{0, 20 * 1000 * 1000};
+        nanosleep(&pause, nullptr);
+      },
+      &seen);
+  return int64_t(seen.threads.size());
+}
+
+bool is_cpu_module(const KernelModule& m) {
+  static const std::string kSuffix = " target=cpu";  // sage_module_info of csrc/cpu's modules
+  return m.info.size() >= kSuffix.size() &&
+         m.info.compare(m.info.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
+
 void launch(const char* name, const char* entry, const at::Device& device,
             const std::optional<std::string>& backend, const SageParams& p) {
   const KernelModule& m = module_for(name, entry, device, requested_backend(backend));
-  int rc = m.launch(&p, stream_for(device));
+  void* stream =
+      is_cpu_module(m) ? const_cast<SageCpuExecutor*>(cpu_executor()) : stream_for(device);
+  int rc = m.launch(&p, stream);
   TORCH_CHECK(rc == 0, "aiter_sage: ", m.info, " failed: ", m.last_error());
 }
 
@@ -727,6 +817,7 @@ void register_ops() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  note_forks();
   m.doc() = "aiter_sage torch binding (ops are registered by register_ops())";
   m.def("register_ops", &register_ops);
   m.def("check_prepare_meta", &check_prepare_meta);
@@ -752,6 +843,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return d;
   });
   m.def("empty_host_cache", [] { host_blocks().trim(); });
+  m.def("cpu_executor_threads", &cpu_executor_threads);
   m.attr("abi_version") = SAGE_ABI_VERSION;
   m.attr("gpu") = py::bool_(
 #ifdef SAGE_TORCH_GPU

@@ -286,9 +286,20 @@ void run_on_new_threads(int threads, void (*body)(void*, int), void* ctx) {
 
 }  // namespace
 
+thread_local const SageCpuExecutor* t_executor = nullptr;
+
+ExecutorScope::ExecutorScope(const SageCpuExecutor* executor) : outer_(t_executor) {
+  t_executor = executor;
+}
+ExecutorScope::~ExecutorScope() { t_executor = outer_; }
+
 void run_workers(int threads, void (*body)(void* ctx, int worker), void* ctx) {
   if (threads <= 1) {
     body(ctx, 0);
+    return;
+  }
+  if (t_executor) {
+    t_executor->run(t_executor->self, threads, body, ctx);
     return;
   }
   if (!pool().try_run(threads, body, ctx)) run_on_new_threads(threads, body, ctx);

@@ -47,7 +47,20 @@ int resolve_threads(int32_t requested, int64_t work_items);
 // 0.3-4 ms on the VMs we measure on, as much as the whole prepare should take. A launch that
 // finds the pool busy (another thread of the process is launching) starts its own threads.
 // Exceptions must not leave body (the wrappers below catch them per worker).
+// Within a launch given an executor (guarded_launch), the executor runs the workers instead.
 void run_workers(int threads, void (*body)(void* ctx, int worker), void* ctx);
+
+// The executor of the launch on this thread (null: the pool), for the scope's lifetime.
+class ExecutorScope {
+ public:
+  explicit ExecutorScope(const SageCpuExecutor* executor);
+  ~ExecutorScope();
+  ExecutorScope(const ExecutorScope&) = delete;
+  ExecutorScope& operator=(const ExecutorScope&) = delete;
+
+ private:
+  const SageCpuExecutor* outer_;
+};
 
 // Catches what body(worker) throws, per worker, and rethrows the first after all workers
 // have finished.
@@ -119,13 +132,18 @@ constexpr sage::Features kCpuFeatures = sage::kAllFeatures;
 // turn an exception (allocation failure, thread creation) into an error message instead of a
 // crash.
 
+// `stream`: the launch's stream argument, null or a SageCpuExecutor (sage/module_abi.h).
 template <class Run>
-int guarded_launch(const SageParams* p, sage::Launch launch, Run run) {
+int guarded_launch(const SageParams* p, void* stream, sage::Launch launch, Run run) {
   if (!sage::check_params(p, launch) || !sage::check_features(p, launch, kCpuFeatures, "cpu"))
     return 1;
   const char* what = launch == sage::Launch::kPrepare ? "prepare" : "attention";
+  const auto* executor = static_cast<const SageCpuExecutor*>(stream);
+  if (executor && (executor->magic != SAGE_CPU_EXECUTOR_MAGIC || !executor->run))
+    return sage::set_error("cpu %s: the stream argument is not a SageCpuExecutor", what);
   Isa isa;
   if (!select_isa(&isa)) return 1;
+  ExecutorScope scope(executor);
   try {
     run(*p, isa);
   } catch (const std::exception& e) {

@@ -7,12 +7,15 @@
 //   F="-std=c++17 -O3 -fPIC -pthread -ffp-contract=off -fvisibility=hidden -Icsrc -Icsrc/include"
 //   g++ $F -shared -o /tmp/prepare.so csrc/cpu/prepare*.cpp csrc/cpu/cpu_runtime.cpp
 //   g++ $F -shared -o /tmp/attention.so csrc/cpu/attention*.cpp csrc/cpu/cpu_runtime.cpp
-//   g++ -std=c++17 -O2 -Icsrc/include -o /tmp/bench_cpu_phases \
-//       op_benchmarks/cpu/bench_cpu_phases.cpp -ldl
-// Run: [AITER_SAGE_CPU_ISA=amx] /tmp/bench_cpu_phases /tmp/prepare.so /tmp/attention.so \
-//        SEQ HEADS THREADS ITERS
+//   g++ -std=c++17 -O2 -pthread -Icsrc/include -o /tmp/bench_cpu_phases
+//       op_benchmarks/cpu/bench_cpu_phases.cpp -ldl   (one command)
+// Run: [AITER_SAGE_CPU_ISA=amx] /tmp/bench_cpu_phases /tmp/prepare.so /tmp/attention.so
+//        SEQ HEADS THREADS ITERS [EXECUTOR]   (one command)
 // (B = 1, D = 128, BF16, non-causal; median and minimum of ITERS calls after one warm-up; a
-// checksum of the output so that variants can be compared.)
+// checksum of the output so that variants can be compared, and a hash of every prepared and
+// output byte.) EXECUTOR: `pool` (default: the modules' own worker pool), `serial` (a
+// SageCpuExecutor that runs the workers one after another in reverse order on this thread) or
+// `threads` (one that starts a thread per worker); each launch must call every worker once.
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -22,8 +25,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "sage/module_abi.h"
 #include "sage/params.h"
 
 namespace {
@@ -65,6 +71,46 @@ T symbol(void* lib, const char* name) {
   return reinterpret_cast<T>(s);
 }
 
+// Executors (sage/module_abi.h) that check each launch's worker calls: every worker once.
+struct CheckedExecutor {
+  bool threaded = false;
+  std::vector<int> calls;
+  bool ok = true;
+  long launches = 0;
+};
+void run_checked(void* self, int workers, void (*body)(void*, int), void* ctx) {
+  auto* e = static_cast<CheckedExecutor*>(self);
+  ++e->launches;
+  e->calls.assign(workers, 0);
+  if (e->threaded) {
+    std::vector<std::thread> started;
+    for (int w = 1; w < workers; ++w)
+      started.emplace_back([=] {
+        body(ctx, w);
+        ++e->calls[w];  // each thread writes its own element
+      });
+    body(ctx, 0);
+    ++e->calls[0];
+    for (auto& t : started) t.join();
+  } else {
+    for (int w = workers - 1; w >= 0; --w) {
+      body(ctx, w);
+      ++e->calls[w];
+    }
+  }
+  for (int c : e->calls) e->ok = e->ok && c == 1;
+}
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t bytes) {
+  const uint8_t* b = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+template <class T>
+uint64_t fnv1a(uint64_t h, const std::vector<T>& v) {
+  return fnv1a(h, v.data(), v.size() * sizeof(T));
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -73,10 +119,20 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    fprintf(stderr, "usage: %s prepare.so attention.so SEQ HEADS THREADS ITERS\n", argv[0]);
+  if (argc != 7 && argc != 8) {
+    fprintf(stderr, "usage: %s prepare.so attention.so SEQ HEADS THREADS ITERS [EXECUTOR]\n",
+            argv[0]);
     return 2;
   }
+  const std::string mode = argc == 8 ? argv[7] : "pool";
+  if (mode != "pool" && mode != "serial" && mode != "threads") {
+    fprintf(stderr, "EXECUTOR: pool, serial or threads, not %s\n", mode.c_str());
+    return 2;
+  }
+  CheckedExecutor checked;
+  checked.threaded = mode == "threads";
+  SageCpuExecutor executor{SAGE_CPU_EXECUTOR_MAGIC, run_checked, &checked};
+  void* stream = mode == "pool" ? nullptr : &executor;
   void* prep_lib = dlopen(argv[1], RTLD_NOW);
   void* attn_lib = dlopen(argv[2], RTLD_NOW);
   if (!prep_lib || !attn_lib) {
@@ -138,12 +194,12 @@ int main(int argc, char** argv) {
   std::vector<double> prep_s, attn_s;
   for (int it = 0; it <= iters; ++it) {  // call 0 warms up
     const double t0 = now_s();
-    if (prepare(&p, nullptr)) {
+    if (prepare(&p, stream)) {
       fprintf(stderr, "prepare: %s\n", prepare_error());
       return 1;
     }
     const double t1 = now_s();
-    if (attention(&p, nullptr)) {
+    if (attention(&p, stream)) {
       fprintf(stderr, "attention: %s\n", attention_error());
       return 1;
     }
@@ -169,5 +225,16 @@ int main(int argc, char** argv) {
     checksum += f;
   }
   printf("checksum %.6f\n", checksum);
+  uint64_t h = 14695981039346656037ull;
+  h = fnv1a(fnv1a(fnv1a(fnv1a(h, q8), k8), v8), out);
+  h = fnv1a(fnv1a(fnv1a(h, q_scale), k_scale), v_scale);
+  printf("hash %016llx\n", (unsigned long long)h);
+  if (mode != "pool") {
+    printf("executor launches %ld\n", checked.launches);
+    if (!checked.ok) {
+      fprintf(stderr, "the executor saw a worker called other than once in a launch\n");
+      return 1;
+    }
+  }
   return 0;
 }
