@@ -59,7 +59,8 @@ def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):
     prepared and output byte (its hash) is the same at 1 and 2 threads on the modules' own pool
     and through a caller's SageCpuExecutor (sage/module_abi.h) that runs the workers one after
     another in reverse order, or on threads of its own: the work split and the threads change,
-    the arithmetic does not. The executors check that each launch calls every worker once."""
+    the arithmetic does not. The executors check that each launch calls every worker once; a
+    stream argument that is not an executor is refused with a clear error."""
     from aiter_sage import jit_driver
 
     exe = tmp_path / "bench_cpu_phases"
@@ -88,6 +89,12 @@ def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):
     # equal, finite and not the checksum of an all-zero output
     assert len(set(hashes)) == 1 and len(set(sums)) == 1, (hashes, sums)
     assert math.isfinite(sums[0]) and sums[0] != 0.0, sums
+    # a stream argument that is not an executor is refused with a message, never followed
+    bad = subprocess.run(
+        [str(exe), *mods, "96", "2", "2", "1", "bad"], capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "the stream argument is not a SageCpuExecutor" in bad.stderr, bad.stderr
 
 
 def test_cpu_ceiling_harness_runs_each_kind_exactly_where_the_backend_runs_its_tier(tmp_path):

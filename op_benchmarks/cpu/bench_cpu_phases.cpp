@@ -16,6 +16,7 @@
 // output byte.) EXECUTOR: `pool` (default: the modules' own worker pool), `serial` (a
 // SageCpuExecutor that runs the workers one after another in reverse order on this thread) or
 // `threads` (one that starts a thread per worker); each launch must call every worker once.
+// `bad` passes a pointer that is not an executor: the launch must refuse it.
 #include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
@@ -125,13 +126,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argc == 8 ? argv[7] : "pool";
-  if (mode != "pool" && mode != "serial" && mode != "threads") {
-    fprintf(stderr, "EXECUTOR: pool, serial or threads, not %s\n", mode.c_str());
+  if (mode != "pool" && mode != "serial" && mode != "threads" && mode != "bad") {
+    fprintf(stderr, "EXECUTOR: pool, serial, threads or bad, not %s\n", mode.c_str());
     return 2;
   }
   CheckedExecutor checked;
   checked.threaded = mode == "threads";
-  SageCpuExecutor executor{SAGE_CPU_EXECUTOR_MAGIC, run_checked, &checked};
+  SageCpuExecutor executor{mode == "bad" ? 0u : SAGE_CPU_EXECUTOR_MAGIC, run_checked, &checked};
   void* stream = mode == "pool" ? nullptr : &executor;
   void* prep_lib = dlopen(argv[1], RTLD_NOW);
   void* attn_lib = dlopen(argv[2], RTLD_NOW);
