@@ -11,7 +11,6 @@
 // A GPU module's stream is the HIP/CUDA stream to launch on. A cpu module's stream is null (it
 // runs its parallel phases on its own worker pool) or points at a SageCpuExecutor.
 #pragma once
-#include <stdint.h>
 #include "sage/params.h"
 
 // The caller's threads for a cpu launch. The torch binding passes one that runs the workers on
