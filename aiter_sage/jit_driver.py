@@ -233,6 +233,25 @@ def _compiler_identity(compiler: str) -> str:
     return f"{compiler}\n{out.strip()}"
 
 
+@functools.lru_cache(None)
+def _compiler_has_openmp(compiler: str) -> bool:
+    """Whether `compiler` compiles and links a shared object with -fopenmp (clang without
+    libomp, for one, does not): the binding then builds without it."""
+    src = "#include <omp.h>\nint sage_openmp_probe() { return omp_get_max_threads(); }\n"
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            proc = subprocess.run(
+                [compiler, "-x", "c++", "-fPIC", "-shared", "-fopenmp", "-", "-o", f"{d}/p.so"],
+                input=src,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return proc.returncode == 0
+
+
 def _which(*names: str) -> str | None:
     for n in names:
         if not n:
@@ -388,8 +407,9 @@ def _torch_toolchain() -> Toolchain:
     ) + _include_flags()
     libs = ["-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-ldl"]
     # at::parallel_for reaches torch's intra-op threads only when compiled with OpenMP (the cpu
-    # modules' workers run there: csrc/binding/sage_torch.cpp, cpu_executor).
-    if torch.backends.openmp.is_available():
+    # modules' workers run there: csrc/binding/sage_torch.cpp, cpu_executor; without it they
+    # run on the modules' own pool).
+    if torch.backends.openmp.is_available() and _compiler_has_openmp(cxx):
         cflags += ("-fopenmp",)
         libs.append("-fopenmp")
     if torch.version.hip or torch.version.cuda:  # GPU torch: register the GPU kernels too

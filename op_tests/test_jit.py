@@ -187,6 +187,34 @@ def test_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
         jit_driver.toolchain_for("emu")
 
 
+def test_binding_builds_with_openmp_exactly_where_torch_and_the_compiler_have_it(
+    tmp_path, monkeypatch
+):
+    """The torch binding is compiled with -fopenmp (so that the cpu ops' workers reach torch's
+    threads) where torch runs on OpenMP and the host compiler builds OpenMP code; a compiler
+    that refuses -fopenmp (clang without libomp) gets a binding without it, not a failed
+    build."""
+    import torch
+
+    real = shutil.which(os.environ.get("CXX", "")) or shutil.which("g++")
+    assert real, "no host C++ compiler"
+    refusing = tmp_path / "cxx-without-openmp"
+    refusing.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do [ "$a" = -fopenmp ] && { echo "no omp" >&2; exit 1; }; done\n'
+        f'exec {real} "$@"\n'
+    )
+    refusing.chmod(0o755)
+    assert not jit_driver._compiler_has_openmp(str(refusing))
+    monkeypatch.setenv("CXX", str(refusing))
+    assert "-fopenmp" not in jit_driver.toolchain_for("torch").cflags
+    monkeypatch.setenv("CXX", real)
+    has = jit_driver._compiler_has_openmp(real)
+    want = torch.backends.openmp.is_available() and has
+    tc = jit_driver.toolchain_for("torch")
+    assert ("-fopenmp" in tc.cflags) == want and ("-fopenmp" in tc.ldflags) == want
+
+
 def test_prebuild_arch_filter():
     pairs = MODULES.modules_for_archs
     kernels = set(MODULES.KERNEL_MODULES)
