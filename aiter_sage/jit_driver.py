@@ -236,7 +236,15 @@ def _compiler_identity(compiler: str) -> str:
 @functools.lru_cache(None)
 def _compiler_has_openmp(compiler: str) -> bool:
     """Whether `compiler` compiles and links a shared object with -fopenmp (clang without
-    libomp, for one, does not): the binding then builds without it."""
+    libomp, for one, does not): the binding then builds without it. The answer is kept in the
+    cache per compiler identity: the probe compiles a program (about 0.1 s), and every process
+    asks when it computes the binding's cache key."""
+    ident = hashlib.sha256(_compiler_identity(compiler).encode()).hexdigest()[:16]
+    record = cache_root() / "compiler_probes" / f"openmp-{ident}"
+    try:
+        return record.read_text() == "1"
+    except OSError:
+        pass
     src = "#include <omp.h>\nint sage_openmp_probe() { return omp_get_max_threads(); }\n"
     with tempfile.TemporaryDirectory() as d:
         try:
@@ -247,9 +255,17 @@ def _compiler_has_openmp(compiler: str) -> bool:
                 text=True,
                 timeout=120,
             )
+            has = proc.returncode == 0
         except (OSError, subprocess.SubprocessError):
-            return False
-    return proc.returncode == 0
+            has = False
+    try:  # atomic: a concurrent reader sees the whole answer or none
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f"{record.name}.{os.getpid()}")
+        tmp.write_text("1" if has else "0")
+        os.replace(tmp, record)
+    except OSError:
+        pass  # an unwritable cache: the next process probes again
+    return has
 
 
 def _which(*names: str) -> str | None:

@@ -188,7 +188,7 @@ def test_missing_compiler_says_what_to_install(monkeypatch, tmp_path):
 
 
 def test_binding_builds_with_openmp_exactly_where_torch_and_the_compiler_have_it(
-    tmp_path, monkeypatch
+    tmp_path, cache, monkeypatch
 ):
     """The torch binding is compiled with -fopenmp (so that the cpu ops' workers reach torch's
     threads) where torch runs on OpenMP and the host compiler builds OpenMP code; a compiler
@@ -206,6 +206,11 @@ def test_binding_builds_with_openmp_exactly_where_torch_and_the_compiler_have_it
     )
     refusing.chmod(0o755)
     assert not jit_driver._compiler_has_openmp(str(refusing))
+    # the answer is kept per compiler: a later process reads it instead of compiling again
+    jit_driver._compiler_has_openmp.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(jit_driver.subprocess, "run", lambda *a, **k: pytest.fail("probed again"))
+        assert not jit_driver._compiler_has_openmp(str(refusing))
     monkeypatch.setenv("CXX", str(refusing))
     assert "-fopenmp" not in jit_driver.toolchain_for("torch").cflags
     monkeypatch.setenv("CXX", real)
