@@ -2,7 +2,8 @@
 // with wgmma. S = Q8 . K8^T with s8 x s8 -> s32 wgmma (both operands from shared memory), online
 // softmax in the exp2 domain with the e4m3 scale folded into the exponent (ref.py EXP_OFFSET),
 // P rounded to e4m3 in registers, O += P8 . V8 with e4m3 x e4m3 -> f32 wgmma (P from registers,
-// V from shared memory), FP32 accumulation, O = acc / l * v_scale.
+// V from shared memory), FP32 accumulation (O moved every 16 tiles into an FP32 home in shared
+// memory: Traits::kOHomeTiles), O = acc / l * v_scale.
 // pv_dtype FP16 (ref.py "FP16 P.V"): the same steps with P rounded to FP16 (RNE) and FP16 V codes,
 // O += P16 . V16 with f16 x f16 -> f32 wgmma m64nNk16: a template variant of its own (kPv16), so
 // the FP8 kernels are unchanged.
@@ -97,8 +98,21 @@ constexpr int default_consumer_wgs() {
   return kDp == 64 && !kPingPong && !kPv16 ? 3 : 2;
 }
 
+// O's FP32 home (FP8 P.V, two consumer warpgroups): every kOHomeTiles key tiles each consumer
+// thread adds its O accumulators into a copy of O in shared memory, and the next P.V restarts
+// them. Hopper's e4m3 wgmma adds into its accumulator at reduced precision (fewer mantissa bits
+// than FP32), so one accumulator over a whole long key loop drifts from the exact sum (H200,
+// randn, kernel vs exact arithmetic on the same prepared tensors: 0.0022 / 0.0038 / 0.0053 at
+// S 4k / 16k / 32k; with the home 0.0018-0.0019 for 4, 8 or 16 tiles alike; README, NVIDIA
+// section). Shared memory rather than a second register accumulator per tile (SageAttention2's
+// way): at D = 128 those 64 registers made ptxas spill and cost 10 %. The three-warpgroup
+// D = 64 kernel has no home (at 128 registers it measured slower with one, and its rel L2 is
+// 0.0390 without); FP16 P.V accumulates in FP32 already (and has no shared memory to spare).
+constexpr int kOHomeTiles = 16;
+
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
-          int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>()>
+          int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>(),
+          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
@@ -126,8 +140,18 @@ struct Traits {
   static constexpr int kKBytes = kBlockN * kDp;
   static constexpr int kVBytes = kVParts * kVPartBytes;  // = kDp * kVRowBytes
   static constexpr int kStageBytes = kKBytes + kVBytes;
+  // O's FP32 home after the stages (0: none): one float per O accumulator of each consumer
+  // thread, then the two running maxima (of its two rows) it was last merged at.
+  static constexpr int kOHomeTiles = kOHomeTiles_;
+  static constexpr int kOHomeOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kOHomeMaxOffset = kOHomeOffset + kBlockM * kDp * 4;
+  static constexpr int kOHomeBytes = kOHomeTiles ? kBlockM * kDp * 4 + kWgs * kWgThreads * 8 : 0;
+  // Load a tile's K scales at the top of its loop step (load_k_scales) rather than after the QK
+  // wait: two consumer warpgroups only (H200, D = 128: 731 -> 769 TFLOPS at S 16k; the
+  // three-warpgroup D = 64 kernel, at 128 registers per thread, measured 540 -> 514).
+  static constexpr bool kEarlyKScales = kWgs == 2;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
-  static constexpr int kBarOffset = kQBytes + kStages * kStageBytes;
+  static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 3 * kStages) + 1024;  // + alignment
   static_assert(kDp == 64 || kDp == 128, "");
   static_assert(kVRowBytes % kSwizzleBytes == 0, "V tile rows are whole 128-byte swizzle rows");
@@ -282,6 +306,17 @@ struct Smem {
   __device__ uint8_t* q() const { return base; }
   __device__ uint8_t* k(int s) const { return base + T::kQBytes + s * T::kStageBytes; }
   __device__ uint8_t* v(int s) const { return k(s) + T::kKBytes; }
+  // O's home of the calling consumer thread: thread `tid` of consumer warpgroup `wg` owns
+  // floats 4 * (q * kWgThreads + tid) + 0..3 of its warpgroup's part (q < kOAcc / 4): a warp's
+  // float4s are contiguous, conflict-free. Found from threadIdx at each use (a pointer kept
+  // live across the key loop made the D = 64 kernel spill).
+  __device__ float4* o_home() const {
+    const int wg = int(threadIdx.x) / kWgThreads - 1, tid = int(threadIdx.x) % kWgThreads;
+    return reinterpret_cast<float4*>(base + T::kOHomeOffset) + wg * (kWgRows * T::kDim / 4) + tid;
+  }
+  __device__ float2* o_home_max() const {
+    return reinterpret_cast<float2*>(base + T::kOHomeMaxOffset) + int(threadIdx.x) - kWgThreads;
+  }
   __device__ uint32_t bar(int i) const { return smem_u32(base + T::kBarOffset + 8 * i); }
   __device__ uint32_t full_q() const { return bar(0); }
   __device__ uint32_t full_k(int s) const { return bar(1 + s); }
@@ -366,6 +401,13 @@ __device__ __forceinline__ float score_f32(int s) {
   return __int_as_float(s + 0x4B400000) - 12582912.0f;
 }
 
+// The factor that takes a sum kept at running max m_from (log2 units) to running max m_to:
+// exp2(m_from - m_to), and 0 for an empty sum (m_from = -inf; m_to = -inf too while a row has
+// seen only masked keys).
+__device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
+  return ex2(m_from - (m_to == -INFINITY ? 0.0f : m_to));
+}
+
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
 //
@@ -376,15 +418,27 @@ __device__ __forceinline__ float score_f32(int s) {
 // with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
 // at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles keep the
 // per-score path: -inf must go in before the maximum.
+// The K scales of the tile at key0 (its four 32-key blocks; 0 past kv_len_pad). Traits::
+// kEarlyKScales loads them at the top of the tile's loop step, before the barrier waits and the
+// wgmma issue: the softmax needs them right after the QK wait, and a load issued there exposes
+// its whole latency (the wgmma fences and waits are compiler barriers: no hoisting).
+constexpr int kScaleBlocksPerTile = kBlockN / SAGE_SCALE_BLOCK;
+__device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
+                                              float (&ks)[kScaleBlocksPerTile]) {
+#pragma unroll
+  for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) {
+    const int kb = key0 / SAGE_SCALE_BLOCK + blk;
+    ks[blk] = kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f;
+  }
+}
+
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
-                                             int key0, float (&alpha)[2], float (&f)[64]) {
-  float sc[4];
+                                             int key0, const float (&ks)[kScaleBlocksPerTile],
+                                             float (&alpha)[2], float (&f)[64]) {
+  float sc[kScaleBlocksPerTile];
 #pragma unroll
-  for (int blk = 0; blk < 4; ++blk) {
-    const int kb = key0 / SAGE_SCALE_BLOCK + blk;
-    sc[blk] = c.qs * (kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f);
-  }
+  for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) sc[blk] = c.qs * ks[blk];
   // Score i = 4 * ch + 2 * h + e of the thread (row half h, chunk ch, element e).
   const auto score = [&](int i) { return s[4 * s_chunk<!T::kPv16>(i >> 2) + (i & 3)]; };
   float mx[2] = {-INFINITY, -INFINITY};
@@ -428,10 +482,9 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float mn = fmaxf(c.m[h], mx[h]);
-    const float safe = mn == -INFINITY ? 0.0f : mn;
-    alpha[h] = ex2(c.m[h] - safe);  // exp2(-inf) = 0 on the first tile
+    alpha[h] = rescale_factor(c.m[h], mn);  // 0 on the first tile
     c.m[h] = mn;
-    neg[h] = kExpOffset - safe;
+    neg[h] = kExpOffset - (mn == -INFINITY ? 0.0f : mn);
   }
   float sum[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -526,19 +579,59 @@ __device__ __forceinline__ PvDesc<T> pv_desc(const Smem<T>& sm, int stage) {
                   kSwizzleBytes);
   return d;
 }
+// restart: O = P . V, dropping what O held (it is in O's home); otherwise O += P . V.
 template <class T>
 __device__ __forceinline__ void issue_pv(const PvDesc<T>& d, float (&o)[T::kDim / 2],
-                                         const uint32_t (&pa)[T::kPvSteps][4]) {
+                                         const uint32_t (&pa)[T::kPvSteps][4], bool restart) {
 #pragma unroll
   for (int kb = 0; kb < T::kPvSteps; ++kb) {
+    const int acc = kb > 0 || !restart;
     if constexpr (T::kPv16 && T::kDim == 128)
-      wgmma_m64n128k16_f32_f16(o, pa[kb], d.b[kb]);
+      wgmma_m64n128k16_f32_f16(o, pa[kb], d.b[kb], acc);
     else if constexpr (T::kPv16)
-      wgmma_m64n64k16_f32_f16(o, pa[kb], d.b[kb]);
+      wgmma_m64n64k16_f32_f16(o, pa[kb], d.b[kb], acc);
     else if constexpr (T::kDim == 128)
-      wgmma_m64n128k32_f32_e4m3(o, pa[kb], d.b[kb]);
+      wgmma_m64n128k32_f32_e4m3(o, pa[kb], d.b[kb], acc);
     else
-      wgmma_m64n64k32_f32_e4m3(o, pa[kb], d.b[kb]);
+      wgmma_m64n64k32_f32_e4m3(o, pa[kb], d.b[kb], acc);
+  }
+}
+
+// O's home (T::kOHomeTiles; Traits has why). Step j of the key loop (j > 0, a multiple of
+// kOHomeTiles) moves O to its home once O holds tiles ..j-1 at the rows' running max; the next
+// P.V (tile j) then restarts O from zero (the wgmma's accumulate predicate: no register of O
+// is written outside the wgmmas).
+template <class T>
+__device__ __forceinline__ bool o_moves_home_at(int j) {
+  return T::kOHomeTiles > 0 && j > 0 && j % (T::kOHomeTiles > 0 ? T::kOHomeTiles : 1) == 0;
+}
+// home = home * exp2(m_home - m) + o in FP32, with o at the rows' running max m. kToHome (in
+// the key loop): store that in the home; otherwise (the epilogue) leave the total in o.
+// Accumulator i belongs to row half (i >> 1) & 1, so float4 q holds row half 0's (4q, 4q + 1)
+// and row half 1's (4q + 2, 4q + 3).
+template <class T, bool kToHome>
+__device__ __forceinline__ void merge_o_home(const Smem<T>& sm, Consumer<T>& c) {
+  float4* const home = sm.o_home();
+  float2* const home_max = sm.o_home_max();
+  const float2 mh = *home_max;
+  const float r[2] = {rescale_factor(mh.x, c.m[0]), rescale_factor(mh.y, c.m[1])};
+  if constexpr (kToHome) *home_max = make_float2(c.m[0], c.m[1]);
+#pragma unroll
+  for (int q = 0; q < Consumer<T>::kOAcc / 4; ++q) {
+    float* o = c.o + 4 * q;
+    float4 v = home[q * kWgThreads];
+    v.x = fmaf(v.x, r[0], o[0]);
+    v.y = fmaf(v.y, r[0], o[1]);
+    v.z = fmaf(v.z, r[1], o[2]);
+    v.w = fmaf(v.w, r[1], o[3]);
+    if constexpr (kToHome) {
+      home[q * kWgThreads] = v;
+    } else {
+      o[0] = v.x;
+      o[1] = v.y;
+      o[2] = v.z;
+      o[3] = v.w;
+    }
   }
 }
 
@@ -565,6 +658,16 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   c.l[0] = c.l[1] = 0.0f;
 #pragma unroll
   for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] = 0.0f;
+  // O's home, where O will move (a key loop longer than kOHomeTiles tiles), starts empty:
+  // zeros (shared memory may hold NaN bit patterns, and 0 * NaN is NaN) at running max -inf.
+  const bool o_home_used = T::kOHomeTiles > 0 && w.n_tiles > T::kOHomeTiles;
+  if (o_home_used) {
+    float4* const home = sm.o_home();
+#pragma unroll
+    for (int q = 0; q < Consumer<T>::kOAcc / 4; ++q)
+      home[q * kWgThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *sm.o_home_max() = make_float2(-INFINITY, -INFINITY);
+  }
 
   int s[64];
   float alpha[2];
@@ -579,6 +682,8 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     if constexpr (T::kPingPong) named_arrive(1 + (wg ^ 1));
   };
   if (T::kPingPong && wg == 1) named_arrive(1);
+  float ks[kScaleBlocksPerTile];
+  load_k_scales(pk, 0, ks);
   mbar_wait(sm.full_q(), 0);
   // Tile 0.
   mbar_wait(sm.full_k(0), 0);
@@ -596,13 +701,15 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   reg_fence(s);
   float f[64];
   if (tile_needs_mask<T>(p, 0, wg_row0))
-    softmax_tile<T, true>(pk, c, s, 0, alpha, f);
+    softmax_tile<T, true>(pk, c, s, 0, ks, alpha, f);
   else
-    softmax_tile<T, false>(pk, c, s, 0, alpha, f);
+    softmax_tile<T, false>(pk, c, s, 0, ks, alpha, f);
   pack_p<T>(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
+    const int key0 = j * kBlockN;
+    if constexpr (T::kEarlyKScales) load_k_scales(pk, key0, ks);
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
     QkDesc<T> qd = qk_desc(sm, wg, st);
@@ -616,16 +723,16 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     wgmma_fence();
     issue_qk<T>(qd, s);
     wgmma_commit();
-    issue_pv<T>(vd, c.o, c.pa);
+    issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(j - 1));
     wgmma_commit();
     pass();
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
-    const int key0 = j * kBlockN;
+    if constexpr (!T::kEarlyKScales) load_k_scales(pk, key0, ks);
     if (tile_needs_mask<T>(p, key0, wg_row0))
-      softmax_tile<T, true>(pk, c, s, key0, alpha, f);
+      softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
     else
-      softmax_tile<T, false>(pk, c, s, key0, alpha, f);
+      softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
     wgmma_wait<0>();
     reg_fence(c.o);
     reg_fence(c.pa);
@@ -639,6 +746,8 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
       for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
     }
     pack_p<T>(f, c.pa);
+    // After P's packing: f is dead there.
+    if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
   }
   {
     const int last = (w.n_tiles - 1) % T::kStages;
@@ -649,13 +758,14 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     reg_fence(c.o);
     my_turn();
     wgmma_fence();
-    issue_pv<T>(vd, c.o, c.pa);
+    issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(w.n_tiles - 1));
     wgmma_commit();
     if (wg == 0) pass();
     wgmma_wait<0>();
     reg_fence(c.o);
     if (lane == 0) mbar_arrive(sm.empty(last));
   }
+  if (o_home_used) merge_o_home<T, false>(sm, c);
 
   // Epilogue: full row sums over the quad, O = acc / l * v_scale, LSE.
   float inv[2];

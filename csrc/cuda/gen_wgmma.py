@@ -56,9 +56,9 @@ PV_KINDS = {
         "e4m3.e4m3",
         "e4m3",
         "1, 1",
-        "e4m3 x e4m3; A in registers (4 x 4",
+        "e4m3 x e4m3; A in registers (4 x 4 bytes per thread, wgmma's register",
         [
-            "// bytes per thread, wgmma's register fragment), B K-major in shared memory.",
+            "// fragment), B K-major in shared memory.",
         ],
     ),
     "f16": (
@@ -66,11 +66,10 @@ PV_KINDS = {
         "f16.f16",
         "f16",
         "1, 1, 0",
-        "f16 x f16; A in registers (4 x 2",
+        "f16 x f16; A in registers (4 x 2 halves per thread, wgmma's register",
         [
-            "// halves per thread, wgmma's register fragment), B K-major in shared memory "
-            "(the last",
-            "// immediate, imm-trans-b = 0, says K-major: 16-bit B operands may be either).",
+            "// fragment), B K-major in shared memory (the last immediate, imm-trans-b = 0, says",
+            "// K-major: 16-bit B operands may be either).",
         ],
     ),
 }
@@ -81,16 +80,17 @@ def pv(n, kind):  # f32 += A (regs) x B (smem desc)
     nacc = n // 2
     name = f"wgmma_m64n{n}k{k}_f32_{suffix}"
     lines = [
-        f"// D[64 x {n}] (f32) += A[64 x {k}] . B[{k} x {n}], {comment}",
+        f"// D[64 x {n}] (f32) = (accumulate ? D : 0) + A[64 x {k}] . B[{k} x {n}],",
+        f"// {comment}",
         *more,
         f"SAGE_WGMMA_DEVICE void {name}(float (&d)[{nacc}], const uint32_t (&a)[4],",
-        " " * len(f"SAGE_WGMMA_DEVICE void {name}(") + "uint64_t b) {",
+        " " * len(f"SAGE_WGMMA_DEVICE void {name}(") + "uint64_t b, int accumulate) {",
         "  asm volatile(",
-        '      "{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"',
+        '      "{\\n.reg .pred p;\\nsetp.ne.b32 p, %' + str(nacc + 5) + ', 0;\\n"',
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{types} {{{regs(0, nacc)}}}, "',
         f'      "{{{regs(nacc, 4)}}}, %{nacc + 4}, p, {tail};\\n}}\\n"',
         "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(nacc)),
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));',
+        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));',
         "}",
     ]
     return "\n".join(lines)
