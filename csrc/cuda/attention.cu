@@ -408,16 +408,6 @@ __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
   return ex2(m_from - (m_to == -INFINITY ? 0.0f : m_to));
 }
 
-// Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
-// key/causal masks (only tiles that reach past kv_len or the diagonal need it).
-//
-// Unmasked tiles (nearly all) take the row maximum on the integer scores of each 32-key
-// scale block and scale only those 4 maxima: the scales are >= 0 (or NaN, which fmaxf drops
-// either way) and round-to-nearest is monotonic, so max(RN(s * sc)) = RN(max(s) * sc), the same
-// bits as scaling every score first. The exponent's argument is then one FFMA, s * sc + neg,
-// with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
-// at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles keep the
-// per-score path: -inf must go in before the maximum.
 // The K scales of the tile at key0 (its four 32-key blocks; 0 past kv_len_pad). Traits::
 // kEarlyKScales loads them at the top of the tile's loop step, before the barrier waits and the
 // wgmma issue: the softmax needs them right after the QK wait, and a load issued there exposes
@@ -432,6 +422,16 @@ __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
   }
 }
 
+// Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
+// key/causal masks (only tiles that reach past kv_len or the diagonal need it).
+//
+// Unmasked tiles (nearly all) take the row maximum on the integer scores of each 32-key
+// scale block and scale only those 4 maxima: the scales are >= 0 (or NaN, which fmaxf drops
+// either way) and round-to-nearest is monotonic, so max(RN(s * sc)) = RN(max(s) * sc), the same
+// bits as scaling every score first. The exponent's argument is then one FFMA, s * sc + neg,
+// with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
+// at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles keep the
+// per-score path: -inf must go in before the maximum. ks: the tile's K scales (load_k_scales).
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
                                              int key0, const float (&ks)[kScaleBlocksPerTile],
@@ -603,7 +603,10 @@ __device__ __forceinline__ void issue_pv(const PvDesc<T>& d, float (&o)[T::kDim 
 // is written outside the wgmmas).
 template <class T>
 __device__ __forceinline__ bool o_moves_home_at(int j) {
-  return T::kOHomeTiles > 0 && j > 0 && j % (T::kOHomeTiles > 0 ? T::kOHomeTiles : 1) == 0;
+  if constexpr (T::kOHomeTiles > 0)
+    return j > 0 && j % T::kOHomeTiles == 0;
+  else
+    return false;
 }
 // home = home * exp2(m_home - m) + o in FP32, with o at the rows' running max m. kToHome (in
 // the key loop): store that in the home; otherwise (the epilogue) leave the total in o.
