@@ -43,14 +43,48 @@ def _existing_owner(name: str) -> Optional[str]:
     return "another library"
 
 
+# A line every copy of aiter_sage's ops.py carries: how a conflict tells a second copy of this
+# package (a vendored or Hub-carried one, another checkout) from another library.
+_OWNER_MARK = "class OpNamespaceConflict(RuntimeError):"
+
+
+def describe_owner(where: str) -> str:
+    """Who registered an op, from the dispatcher's "FILE:LINE" of its schema definition."""
+    path = where.rsplit(":", 1)[0]
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        if _OWNER_MARK in text:
+            pkg = os.path.dirname(os.path.abspath(path))
+            same = pkg == os.path.dirname(os.path.abspath(__file__))
+            what = "this aiter_sage, imported a second time under another module name"
+            if not same:
+                what = "another copy of aiter_sage"
+            return (
+                f"{what} ({pkg}; registered at {where}). Import aiter_sage from one place only "
+                f"(uninstall the other copy, or let the Hub package use the installed aiter_sage)"
+            )
+        if f"{os.sep}aiter{os.sep}" in path:
+            return (
+                f"ROCm's aiter package ({where}). aiter_sage provides the same op; import only "
+                f"one of them in a process, or call aiter's version"
+            )
+    return (
+        f"{where}. aiter_sage provides ops of the same names; import only one of the two "
+        f"libraries in a process"
+    )
+
+
 def _check_namespace_free() -> None:
     for name in OP_NAMES:
         owner = _existing_owner(name)
         if owner is not None:
             raise OpNamespaceConflict(
-                f"aiter_sage: torch.ops.aiter.{name} is already registered by {owner} "
-                f"(probably ROCm's aiter package). aiter_sage provides the same op; import only "
-                f"one of them in a process, or call aiter's version."
+                f"aiter_sage: torch.ops.aiter.{name} is already registered by "
+                f"{describe_owner(owner)}."
             )
 
 

@@ -72,11 +72,21 @@ except Exception as e:
 """
 
 
-def test_impossible_emulator_stack_size_is_a_python_error():
-    """AITER_SAGE_EMU_STACK_KB=2**31-1 used to abort the process (rc 134); it is an exception
-    naming the variable, raised from the op (run in a child: the old behaviour kills it)."""
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("AITER_SAGE_EMU_STACK_KB", "2147483647", "is not a lane stack size"),
+        ("AITER_SAGE_EMU_THREADS", "0", "is not a host worker thread count"),
+        ("AITER_SAGE_EMU_THREADS", "-1", "is not a host worker thread count"),
+        ("AITER_SAGE_EMU_THREADS", "abc", "is not a host worker thread count"),
+    ],
+)
+def test_impossible_emulator_setting_is_a_python_error(variable, value, says):
+    """AITER_SAGE_EMU_STACK_KB=2**31-1 used to abort the process (rc 134), and
+    AITER_SAGE_EMU_THREADS=0/-1/abc was silently replaced by the default; each is an exception
+    naming the variable, raised from the op (run in a child: the old stack behaviour kills it)."""
     require("emu")
-    env = dict(os.environ, AITER_SAGE_EMU_STACK_KB="2147483647")
+    env = dict(os.environ, **{variable: value})
     r = subprocess.run(
         [sys.executable, "-c", STACK_SCRIPT],
         env=env,
@@ -87,7 +97,7 @@ def test_impossible_emulator_stack_size_is_a_python_error():
     )
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["error"] and "AITER_SAGE_EMU_STACK_KB=2147483647" in res["error"], res
+    assert res["error"] and f"{variable}={value} {says}" in res["error"], res
     assert res["type"] == "RuntimeError", res
 
 

@@ -428,6 +428,42 @@ def test_namespace_conflict_names_the_owner(tmp_path):
     ), r.stdout  # where that Library was made
 
 
+@pytest.mark.parametrize(
+    "home, says",
+    [
+        ("vendor/aiter_sage/ops.py", "another copy of aiter_sage"),
+        ("site/aiter/ops/gfx1201_sage_attention.py", "ROCm's aiter package"),
+    ],
+)
+def test_namespace_conflict_tells_a_second_aiter_sage_from_rocm_aiter(tmp_path, home, says):
+    """The registrant is named for what it is: a second copy of aiter_sage (a file carrying
+    aiter_sage's ops.py marker) is not blamed on ROCm's aiter, and ROCm's aiter is named as
+    such; either way the message gives the file that registered first."""
+    path = tmp_path / home
+    path.parent.mkdir(parents=True)
+    body = "lib = torch.library.Library('aiter', 'FRAGMENT')\n"
+    body += "lib.define('gfx1201_sage_attention(Tensor q) -> Tensor')\n"
+    if "aiter_sage" in home:
+        body = f"{aiter_sage.ops._OWNER_MARK}\n    pass\n" + body
+    path.write_text("import torch\n" + body)
+    script = (
+        "import runpy, sys\n"
+        f"keep = runpy.run_path({str(path)!r})\n"
+        "try:\n"
+        "    import aiter_sage\n"
+        "except Exception as e:\n"
+        "    print('CONFLICT', type(e).__name__, e)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CONFLICT OpNamespaceConflict" in r.stdout, r.stdout
+    assert f"already registered by {says}" in r.stdout and str(path) in r.stdout, r.stdout
+    wrong = "ROCm's aiter" if "aiter_sage" in home else "copy of aiter_sage"
+    assert wrong not in r.stdout, r.stdout
+
+
 # ---- meta and mixed devices: the fakes apply the real rules --------------------------------
 def test_meta_inputs_follow_the_same_rules():
     q, k, v = qkv(1, 64, 64, 2, seed=95)

@@ -253,5 +253,34 @@ def test_backend_mask_falls_back_like_native(kernel_calls):
     assert torch.allclose(lse, want_lse, atol=1e-4)
 
 
+def test_backend_reads_every_attention_kwarg(kernel_calls, monkeypatch):
+    """diffusers' dispatcher drops a backend's unknown attention_kwargs unread; ours sees them
+    all: flash-attn's names are read, SageAttention's tuning keywords ignored, anything else is
+    a TypeError, and an unknown AITER_SAGE_BACKEND a ValueError (not an SDPA fallback)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
+
+    ours = AttentionBackendName("aiter_sage")
+    q, k, v = bshd(1, 48, 48, 2, 2, 64, seed=5)
+    with torch.no_grad():
+        named = dispatch_attention_fn(q, k, v, is_causal=True, scale=0.3, backend=ours)
+        alias = dispatch_attention_fn(
+            q, k, v, attention_kwargs=dict(causal=True, softmax_scale=0.3), backend=ours
+        )
+        tuned = dispatch_attention_fn(
+            q, k, v, is_causal=True, scale=0.3, attention_kwargs=dict(smooth_v=True), backend=ours
+        )
+    assert len(kernel_calls) == 3
+    assert torch.equal(named, alias) and torch.equal(named, tuned)
+    with pytest.raises(TypeError, match="'window_size'"):
+        dispatch_attention_fn(q, k, v, attention_kwargs=dict(window_size=(8, 8)), backend=ours)
+    with pytest.raises(TypeError, match="and its alias"):
+        dispatch_attention_fn(
+            q, k, v, is_causal=True, attention_kwargs=dict(causal=True), backend=ours
+        )
+    monkeypatch.setenv("AITER_SAGE_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        dispatch_attention_fn(q, k, v, backend=ours)
+
+
 if __name__ == "__main__":
     run_as_script(__file__)

@@ -260,5 +260,153 @@ def test_compile_fullgraph_sdpa_and_sageattn():
         assert torch.allclose(e.float(), c.float(), atol=1e-5, rtol=1e-5)
 
 
+# ------------------------------------------------------- keyword rules: nothing dropped unread
+def test_sageattn_reads_flash_attn_names():
+    """yunchang's ring/Ulysses paths pass flash-attn's causal= and softmax_scale=: they are
+    is_causal and sm_scale (they used to fall into **kwargs and run non-causal, rel L2 0.88)."""
+    q, k, v = bhsd(1, 2, 2, 80, 80, 64, seed=21)
+    want, want_lse = truth(q, k, v, is_causal=True, scale=0.2)
+    with torch.no_grad():
+        out, lse = aiter_sage.sageattn(
+            q, k, v, tensor_layout="HND", causal=True, softmax_scale=0.2, return_lse=True
+        )
+        named = aiter_sage.sageattn(q, k, v, is_causal=True, sm_scale=0.2)
+    assert_band(out, want)
+    assert torch.equal(out, named)
+    assert (lse - want_lse).abs().max() <= 5e-2
+    # The shim's per-kernel names follow the same rules.
+    with torch.no_grad():
+        kw = router.sageattn_keywords(q, k, v, causal=True, softmax_scale=0.2)
+    assert torch.equal(kw, named)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(is_causal=True, causal=True),
+        dict(is_causal=False, causal=True),
+        dict(sm_scale=0.2, softmax_scale=0.2),
+    ],
+)
+def test_sageattn_alias_beside_its_name_is_a_type_error(kw):
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=22)
+    with pytest.raises(TypeError, match="and its alias"):
+        aiter_sage.sageattn(q, k, v, **kw)
+    with pytest.raises(TypeError, match="and its alias"):  # positional is_causal, too
+        aiter_sage.sageattn(q, k, v, "HND", True, causal=True)
+
+
+def test_unknown_keywords_are_type_errors_everywhere():
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=23)
+    with pytest.raises(TypeError, match="'windo_size'"):
+        aiter_sage.sageattn(q, k, v, windo_size=(-1, -1))
+    with pytest.raises(TypeError, match="'windo_size'"):
+        router.sageattn_keywords(q, k, v, windo_size=(-1, -1))
+    with pytest.raises(TypeError, match="'windo_size'"):
+        aiter_sage.sdpa(q, k, v, windo_size=(-1, -1))
+    # A mask makes the call fall back to SDPA: the keyword is still refused, not dropped.
+    with pytest.raises(TypeError, match="'foo'"):
+        aiter_sage.sageattn(q, k, v, attn_mask=_mask(32, 32, "bool"), foo=1)
+    # SageAttention's tuning keywords are accepted and ignored: the same result as without.
+    with torch.no_grad():
+        plain = aiter_sage.sageattn(q, k, v)
+        tuned = aiter_sage.sageattn(
+            q, k, v, **{name: "x" for name in router.SAGEATTN_TUNING_KEYWORDS}
+        )
+    assert torch.equal(plain, tuned)
+
+
+def test_sdpa_reads_aliases_and_refuses_both():
+    q, k, v = bhsd(1, 2, 2, 48, 48, 64, seed=24)
+    with torch.no_grad():
+        named = aiter_sage.sdpa(q, k, v, is_causal=True, scale=0.3)
+        alias = aiter_sage.sdpa(q, k, v, causal=True, softmax_scale=0.3)
+    assert torch.equal(named, alias)
+    assert_band(alias, truth(q, k, v, is_causal=True, scale=0.3)[0])
+    with pytest.raises(TypeError, match="and its alias"):
+        aiter_sage.sdpa(q, k, v, scale=0.3, sm_scale=0.3)
+
+
+# --------------------------------------------------------- backend names: unknown ones raise
+@pytest.mark.parametrize("entry", ["sageattn", "sdpa", "sageattn_masked", "sdpa_masked"])
+def test_unknown_backend_name_raises_in_the_integrations(entry, monkeypatch):
+    """backend="bogus" (or AITER_SAGE_BACKEND=bogus) used to run torch SDPA with an INFO line;
+    like the ops, the integrations raise ValueError, also for a call that falls back anyway."""
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=25)
+    fn = aiter_sage.sageattn if entry.startswith("sageattn") else aiter_sage.sdpa
+    kw = dict(attn_mask=_mask(32, 32, "bool")) if entry.endswith("masked") else {}
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        fn(q, k, v, backend="bogus", **kw)
+    monkeypatch.setenv("AITER_SAGE_BACKEND", "bogus")
+    with pytest.raises(ValueError, match="unknown backend 'bogus'"):
+        fn(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("name", ["gfx12", "cuda"])
+def test_backend_that_cannot_serve_the_device_raises_naming_it(name):
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=26)
+    for fn in (aiter_sage.sageattn, aiter_sage.sdpa):
+        with pytest.raises(ValueError, match=rf"backend '{name}' cannot serve these cpu tensors"):
+            fn(q, k, v, backend=name)
+
+
+def test_backend_names_are_normalised_in_the_integrations():
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=27)
+    with torch.no_grad():
+        want = aiter_sage.sageattn(q, k, v, backend="cpu")
+        assert torch.equal(aiter_sage.sageattn(q, k, v, backend=" CPU "), want)
+        assert torch.equal(aiter_sage.sdpa(q, k, v, backend="Cpu"), aiter_sage.sdpa(q, k, v))
+
+
+# ------------------------------------------------------------- layouts, strides, GQA, grads
+def test_last_dim_stride_two_inputs_are_served_correctly():
+    """Every other channel of a wider tensor: last-dim stride 2 (copied for the kernels)."""
+    g = torch.Generator().manual_seed(28)
+    wide = [torch.randn(1, 2, 40, 128, generator=g).bfloat16() for _ in range(3)]
+    q, k, v = (t[..., ::2] for t in wide)
+    assert q.stride(-1) == 2
+    want = truth(q, k, v)[0]
+    with torch.no_grad():
+        assert_band(aiter_sage.sdpa(q, k, v), want)
+        assert_band(aiter_sage.sageattn(q, k, v), want)
+        nhd = aiter_sage.sageattn(*(t.transpose(1, 2) for t in (q, k, v)), tensor_layout="NHD")
+    assert_band(nhd.transpose(1, 2), want)
+
+
+def test_nhd_fallback_with_lse_returns_nhd_output():
+    q, k, v = bhsd(1, 4, 4, 36, 52, 64, seed=29)
+    mask = _mask(36, 52, "bool")
+    with torch.no_grad():
+        out, lse = aiter_sage.sageattn(
+            *(t.transpose(1, 2) for t in (q, k, v)),
+            tensor_layout="NHD",
+            attn_mask=mask,
+            return_lse=True,
+        )
+    assert out.shape == (1, 36, 4, 64) and lse.shape == (1, 4, 36)
+    assert torch.equal(out.transpose(1, 2), TORCH_SDPA(q, k, v, mask))
+    assert torch.allclose(lse, router.torch_lse(q, k, attn_mask=mask), atol=1e-5)
+
+
+def test_nhd_gqa_with_equal_lengths():
+    """Sq == Skv with fewer key/value heads: the head axis of NHD is read as heads (not as
+    the sequence)."""
+    q, k, v = bhsd(1, 4, 2, 64, 64, 64, seed=30)
+    with torch.no_grad():
+        out = aiter_sage.sageattn(*(t.transpose(1, 2) for t in (q, k, v)), tensor_layout="NHD")
+    assert out.shape == (1, 64, 4, 64)
+    assert_band(out.transpose(1, 2), truth(q, k, v)[0])
+
+
+def test_sdpa_gradient_flows_through_the_fallback():
+    """BF16 inputs that require grad are not the kernels' (inference-only): torch SDPA runs,
+    and its gradient reaches the inputs, equal to torch's own."""
+    q, k, v = bhsd(1, 2, 2, 32, 32, 64, seed=31)
+    qa, qb = q.clone().requires_grad_(), q.clone().requires_grad_()
+    aiter_sage.sdpa(qa, k, v).float().sum().backward()
+    TORCH_SDPA(qb, k, v).float().sum().backward()
+    assert qa.grad is not None and torch.equal(qa.grad, qb.grad)
+
+
 if __name__ == "__main__":
     run_as_script(__file__)

@@ -127,9 +127,20 @@ def aiter_sage_attention(
     enable_gqa: bool = False,
     return_lse: bool = False,
     _parallel_config=None,
+    **kwargs,
 ):
     """The backend: ``[B, S, H, D]`` in and out; with ``return_lse`` also the natural-log LSE,
-    FP32 ``[B, S, H]``."""
+    FP32 ``[B, S, H]``. A processor's ``attention_kwargs`` follow :func:`aiter_sage.sdpa`'s
+    keyword rules: ``causal``/``softmax_scale``/``sm_scale`` are read as ``is_causal``/
+    ``scale``, SageAttention's tuning keywords are ignored, any other name is a TypeError."""
+    # diffusers' dispatcher passes is_causal and scale on every call, so their defaults mean
+    # "not given": an alias in attention_kwargs then sets them.
+    given = {
+        "is_causal": router._FALSE_UNLESS_GIVEN if is_causal is False else is_causal,
+        "scale": router._NONE_UNLESS_GIVEN if scale is None else scale,
+    }
+    a = router.resolve_keywords("aiter_sage diffusers backend", given, kwargs, router.SDPA_ALIASES)
+    is_causal, scale = a["is_causal"], a["scale"]
     if _parallel_config is None:
         return _attention_bshd(
             query, key, value, attn_mask, dropout_p, is_causal, scale, return_lse
@@ -158,6 +169,14 @@ def aiter_sage_attention(
     )
 
 
+class _EveryName(set):
+    """A set of parameter names that answers ``in`` with True for every name (iterating it
+    still gives the signature's names)."""
+
+    def __contains__(self, name) -> bool:
+        return True
+
+
 _registered = None
 
 
@@ -170,9 +189,13 @@ def register():
     from diffusers.models import attention_dispatch as ad
 
     member = _extend_str_enum(ad.AttentionBackendName, _MEMBER_NAME, BACKEND_NAME)
-    ad._AttentionBackendRegistry.register(member, constraints=[], supports_context_parallel=True)(
-        aiter_sage_attention
-    )
+    registry = ad._AttentionBackendRegistry
+    registry.register(member, constraints=[], supports_context_parallel=True)(aiter_sage_attention)
+    # diffusers' dispatcher passes a backend only the keywords its signature names and drops the
+    # rest of a processor's attention_kwargs unread (a warning only with its checks on). The
+    # backend reads every keyword itself and refuses the ones it does not know, so the
+    # dispatcher is told that every name is supported.
+    registry._supported_arg_names[member] = _EveryName(registry._supported_arg_names[member])
     _registered = member
     return member
 

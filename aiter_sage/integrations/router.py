@@ -58,13 +58,22 @@ def _log_fallback(where: str, reason: str) -> None:
 # Eligibility
 # ----------------------------------------------------------------------------------------------
 def _device_unsupported_uncached(device_type: str, index: int, backend: str) -> str:
+    """'' when a backend serves this device, else why not. A backend *named* by the call or by
+    $AITER_SAGE_BACKEND is the caller's choice, so a name that is unknown, or that cannot serve
+    this device, raises ValueError instead of quietly running torch SDPA; only the automatic
+    choice falls back (a device no backend serves, a missing compiler)."""
     dev = torch.device(device_type) if index < 0 else torch.device(device_type, index)
+    named = backends.requested(backend or None)  # an unknown name raises
     try:
-        b = backends.select(dev, backend or None)
+        b = backends.select(dev, named or None)
         target = b.target(dev)
         if b.device_type == "cpu":
             jit_driver.toolchain_for(target)
     except (ValueError, jit_driver.CompilerNotFound) as e:
+        if named:
+            raise ValueError(
+                f"aiter_sage: backend {named!r} cannot serve these {dev} tensors: {e}"
+            ) from None
         return f"no aiter_sage backend for {dev} ({e})"
     return ""
 
@@ -92,15 +101,27 @@ def _device_unsupported(device_type: str, index: int, backend: str) -> str:
     return _device_cache[key]
 
 
+@_assume_constant_result
+def _named_backend(backend: str) -> str:
+    """The backend a call names (its argument, else $AITER_SAGE_BACKEND), normalised; '' for
+    the automatic choice. An unknown name raises ValueError, whatever else the call holds."""
+    return backends.requested(backend or None)
+
+
 def fallback_reason(
     q, k, v, *, layout: str, attn_mask=None, dropout_p=0.0, scale=None, gqa_ok=True, backend=None
 ) -> Optional[str]:
     """None when the kernels serve the call, else the reason (static properties only).
 
     ``layout``: "HND" ([B, H, S, D], SDPA's) or "NHD" ([B, S, H, D], the kernels'). ``gqa_ok``:
-    whether fewer key/value heads than query heads are allowed (SDPA: ``enable_gqa``)."""
+    whether fewer key/value heads than query heads are allowed (SDPA: ``enable_gqa``). A
+    backend name that is unknown, or names a backend that cannot serve the tensors' device,
+    raises ValueError (the caller chose it), whether or not the call is otherwise eligible."""
+    named = _named_backend(backend or "")
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return "query/key/value are not all tensors"
+    if named:  # raises now if the named backend cannot serve q's device
+        _device_unsupported(q.device.type, -1 if q.device.index is None else q.device.index, named)
     if attn_mask is not None:
         return "attn_mask is given (the kernels take no mask)"
     if not (isinstance(dropout_p, (int, float)) and dropout_p == 0.0):
@@ -214,6 +235,67 @@ def sdpa_fallback(q, k, v, *, attn_mask, dropout_p, is_causal, scale, enable_gqa
 
 
 # ----------------------------------------------------------------------------------------------
+# Keyword rules shared by every entry point: no argument is ever dropped unread
+# ----------------------------------------------------------------------------------------------
+# SageAttention's tuning keywords: they choose among *its* kernels (quantization granularity
+# and backend, accumulator types, V smoothing); aiter_sage runs its own, so they are accepted
+# and ignored. Every other unknown keyword is a TypeError.
+SAGEATTN_TUNING_KEYWORDS = (
+    "qk_quant_gran",
+    "qk_quant_dtype",
+    "quantization_backend",
+    "pv_accum_dtype",
+    "smooth_v",
+)
+# flash-attn's names for two arguments (yunchang's ring and Ulysses paths pass them to
+# sageattn): alias -> the entry point's own parameter. sdpa and the diffusers backend call the
+# scale `scale`.
+SAGEATTN_ALIASES = {"causal": "is_causal", "softmax_scale": "sm_scale"}
+SDPA_ALIASES = {"causal": "is_causal", "softmax_scale": "scale", "sm_scale": "scale"}
+
+
+class _Unset:
+    """The default of a parameter that has an alias: tells "not given" from "given as the
+    default", so that an alias beside its parameter is a TypeError even when the two agree
+    with the default. Shows as the default in help() and inspect.signature."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+_FALSE_UNLESS_GIVEN = _Unset(False)
+_NONE_UNLESS_GIVEN = _Unset(None)
+
+
+def resolve_keywords(where: str, given: dict, extra: dict, aliases: dict) -> dict:
+    """The values of ``given`` (parameter -> value or :class:`_Unset`) after reading ``extra``
+    (the call's ``**kwargs``): an alias sets its parameter (TypeError if both are given), a
+    SageAttention tuning keyword is ignored, anything else is a TypeError naming it."""
+    extra = dict(extra)
+    for alias, name in aliases.items():
+        if alias not in extra or name not in given:
+            continue
+        value = extra.pop(alias)
+        if not isinstance(given[name], _Unset):
+            raise TypeError(f"{where}() got {name!r} and its alias {alias!r}: pass one of the two")
+        given[name] = value
+    unknown = sorted(k for k in extra if k not in SAGEATTN_TUNING_KEYWORDS)
+    if unknown:
+        known = sorted({*given, *aliases})
+        raise TypeError(
+            f"{where}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))} "
+            f"(it takes {', '.join(known)}; SageAttention's tuning keywords "
+            f"{', '.join(SAGEATTN_TUNING_KEYWORDS)} are accepted and ignored)"
+        )
+    return {k: (v.value if isinstance(v, _Unset) else v) for k, v in given.items()}
+
+
+# ----------------------------------------------------------------------------------------------
 # Public entry points
 # ----------------------------------------------------------------------------------------------
 def attention(
@@ -283,11 +365,14 @@ def sageattn(
     k,
     v,
     tensor_layout="HND",
-    is_causal=False,
-    sm_scale=None,
+    is_causal=_FALSE_UNLESS_GIVEN,
+    sm_scale=_NONE_UNLESS_GIVEN,
     return_lse=False,
     smooth_k=True,
     attn_mask=None,
+    *,
+    dropout_p=0.0,
+    backend=None,
     **kwargs,
 ):
     """SageAttention's ``sageattn`` on RDNA4 / CPU: INT8 Q·Kᵀ, FP8 P·V.
@@ -296,12 +381,18 @@ def sageattn(
     Hkv (Hq a multiple of Hkv). ``sm_scale`` defaults to D**-0.5; ``smooth_k`` subtracts the
     keys' mean before quantizing (the softmax is unchanged). Returns the output in q's layout
     and dtype; with ``return_lse`` also the natural-log LSE of the scaled scores, FP32
-    ``[B, Hq, Sq]``. Calls the kernels cannot serve (``attn_mask``, ``dropout_p`` > 0 in
-    kwargs, FP32, D > 128 or not a multiple of 8, an unsupported device, head counts that are
-    not a GQA group) run through torch SDPA. SageAttention's tuning keywords
-    (``qk_quant_gran``, ``pv_accum_dtype``, ``smooth_v``, ...) are accepted and ignored;
-    ``backend=`` picks an aiter_sage backend ("cpu", "emu", "gfx12").
+    ``[B, Hq, Sq]``. Calls the kernels cannot serve (``attn_mask``, ``dropout_p`` > 0, FP32,
+    D > 128 or not a multiple of 8, an unsupported device, head counts that are not a GQA
+    group) run through torch SDPA. flash-attn's ``causal`` and ``softmax_scale`` are aliases
+    of ``is_causal`` and ``sm_scale``; SageAttention's tuning keywords
+    (``SAGEATTN_TUNING_KEYWORDS``: ``qk_quant_gran``, ``pv_accum_dtype``, ``smooth_v``, ...)
+    are accepted and ignored; any other keyword is a TypeError. ``backend=`` picks an
+    aiter_sage backend ("cpu", "emu", "gfx12", "cuda"); an unknown name, or one that cannot
+    serve the tensors' device, is a ValueError.
     """
+    a = resolve_keywords(
+        "sageattn", {"is_causal": is_causal, "sm_scale": sm_scale}, kwargs, SAGEATTN_ALIASES
+    )
     if tensor_layout not in ("HND", "NHD"):
         raise ValueError(f"Unsupported tensor layout: {tensor_layout!r} (use 'HND' or 'NHD')")
     h_ax = 1 if tensor_layout == "HND" else 2
@@ -315,13 +406,13 @@ def sageattn(
         v,
         layout=tensor_layout,
         attn_mask=attn_mask,
-        dropout_p=kwargs.get("dropout_p", 0.0),
-        is_causal=is_causal,
-        scale=sm_scale,
+        dropout_p=dropout_p,
+        is_causal=a["is_causal"],
+        scale=a["sm_scale"],
         enable_gqa=gqa,
         smooth_k=smooth_k,
         return_lse=return_lse,
-        backend=kwargs.get("backend"),
+        backend=backend,
         where="aiter_sage.sageattn",
     )
 
@@ -332,8 +423,6 @@ def sageattn_keywords(
     v,
     *,
     tensor_layout="HND",
-    is_causal=False,
-    sm_scale=None,
     return_lse=False,
     smooth_k=True,
     attn_mask=None,
@@ -342,14 +431,12 @@ def sageattn_keywords(
     """:func:`sageattn` taking everything after q, k, v by keyword: what the sageattention
     shim offers under SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp16_triton``,
     ...), whose positional orders differ from ``sageattn``'s (a positional option raises
-    TypeError rather than being read as another one)."""
+    TypeError rather than being read as another one). Same keyword rules as :func:`sageattn`."""
     return sageattn(
         q,
         k,
         v,
         tensor_layout=tensor_layout,
-        is_causal=is_causal,
-        sm_scale=sm_scale,
         return_lse=return_lse,
         smooth_k=smooth_k,
         attn_mask=attn_mask,
@@ -363,16 +450,25 @@ def sdpa(
     value,
     attn_mask=None,
     dropout_p=0.0,
-    is_causal=False,
-    scale=None,
+    is_causal=_FALSE_UNLESS_GIVEN,
+    scale=_NONE_UNLESS_GIVEN,
     enable_gqa=False,
+    *,
+    backend=None,
+    **kwargs,
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` ([B, H, S, D]).
 
     Eligible calls (no mask, no dropout, BF16/FP16, D a multiple of 8 up to 128, a device an
     aiter_sage backend serves, no gradient needed) run the SageAttention kernels with K
     smoothing; the rest run torch's SDPA unchanged. The output of a kernel call is a
-    [B, H, S, D] view of a [B, S, H, D] tensor (as the output of a flash SDPA backend is)."""
+    [B, H, S, D] view of a [B, S, H, D] tensor (as the output of a flash SDPA backend is).
+    ``causal``/``softmax_scale``/``sm_scale`` are read as ``is_causal``/``scale``,
+    SageAttention's tuning keywords are ignored, any other keyword is a TypeError;
+    ``backend=`` as for :func:`sageattn`."""
+    a = resolve_keywords(
+        "aiter_sage.sdpa", {"is_causal": is_causal, "scale": scale}, kwargs, SDPA_ALIASES
+    )
     return attention(
         query,
         key,
@@ -380,11 +476,12 @@ def sdpa(
         layout="HND",
         attn_mask=attn_mask,
         dropout_p=dropout_p,
-        is_causal=is_causal,
-        scale=scale,
+        is_causal=a["is_causal"],
+        scale=a["scale"],
         enable_gqa=enable_gqa,
         smooth_k=True,
         return_lse=False,
+        backend=backend,
         where="aiter_sage.sdpa",
     )
 

@@ -42,19 +42,32 @@ bool env_flag(const char* name, bool fallback) {
 
 std::atomic<int> g_thread_override{0};
 
-int env_int(const char* name, int fallback) {
-  const char* e = getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  long v = strtol(e, &end, 10);
-  return (end && *end == '\0' && v > 0) ? int(v) : fallback;
-}
+// Host worker threads: the launch's override (sage_emu_set_num_threads), else
+// AITER_SAGE_EMU_THREADS, else the hardware's concurrency. A bad setting is an error, not a
+// silent fallback to the default, as for the lane stack size below.
+constexpr long kMaxWorkers = 4096;
 
-int worker_count() {
-  int n = g_thread_override.load();
-  if (n > 0) return n;
-  unsigned hw = std::thread::hardware_concurrency();
-  return env_int("AITER_SAGE_EMU_THREADS", hw ? int(hw) : 1);
+bool worker_count(int* n, std::string* error) {
+  if (const int o = g_thread_override.load(); o > 0) {
+    *n = o;
+    return true;
+  }
+  const char* e = getenv("AITER_SAGE_EMU_THREADS");
+  if (!e || !*e) {
+    const unsigned hw = std::thread::hardware_concurrency();
+    *n = hw ? int(hw) : 1;
+    return true;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const long v = strtol(e, &end, 10);
+  if (errno != 0 || end == e || *end != '\0' || v < 1 || v > kMaxWorkers) {
+    *error = std::string("AITER_SAGE_EMU_THREADS=") + e +
+             " is not a host worker thread count from 1 to " + std::to_string(kMaxWorkers);
+    return false;
+  }
+  *n = int(v);
+  return true;
 }
 
 // Lane stack size. Kernels keep a few hundred bytes of vector registers per lane plus call
@@ -727,12 +740,14 @@ int launch(const void* kernel, sage_dim3 grid, unsigned threads, KernelEntry ent
   }
 
   std::string setup_error;
-  if (lane_stack_bytes(&st.stack_bytes, &setup_error) && !lds_window())
+  int workers = 1;
+  if (lane_stack_bytes(&st.stack_bytes, &setup_error) && worker_count(&workers, &setup_error) &&
+      !lds_window())
     setup_error = "cannot reserve the 128 KiB LDS address window (mmap failed)";
   if (!setup_error.empty()) return fail_launch(meta.name, setup_error, summary);
 
   const int64_t nwg = int64_t(grid.x) * grid.y * grid.z;
-  const int nworkers = int(std::min<int64_t>(worker_count(), nwg));
+  const int nworkers = int(std::min<int64_t>(workers, nwg));
   std::atomic<int64_t> next{0};
   std::atomic<int> alloc_errno{0};
   auto work = [&] {
