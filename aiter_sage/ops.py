@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import backends, jit_driver, ref, signatures
+from . import backends, guards, jit_driver, ref, signatures
 from .ref import Prepared
 from .signatures import OPS, RETURN_LSE
 
@@ -362,6 +362,39 @@ def lse_bound(query, key, softmax_scale, kv_len: int) -> float:
     return abs(scale) * qn * kn * 1.01 + math.log(max(kv_len, 1)) + 1.0
 
 
+def _inputs_4d(*tensors) -> bool:
+    return all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors)
+
+
+def _norm_rope(a: dict) -> tuple:
+    return tuple(a[n] for n in ("query_weight", "key_weight", "cosine", "sine") if a[n] is not None)
+
+
+def _guard_inputs(a: dict, op: str, *, lse: bool = False) -> None:
+    """Before the binding allocates: refuse what cannot fit (MemoryError), and under
+    AITER_SAGE_CHECK=1 name outlier Q/K blocks. Inputs the binding will refuse anyway (not
+    4-D tensors) are left to its checks."""
+    q, k, v = a["query"], a["key"], a["value"]
+    if not _inputs_4d(q, k, v):
+        return
+    kw = dict(
+        pv_dtype=a["pv_dtype"],
+        smooth_k=a["smooth_k"],
+        backend=backends.requested(a["backend"]),
+        norm_rope=_norm_rope(a),
+    )
+    if op == "gfx1201_sage_prepare":
+        budget = guards.prepare_budget(q, k, v, **kw)
+    else:
+        budget = guards.attention_budget(q, k, v, return_lse=lse, **kw)
+    guards.check_fits(budget, q.device, op)
+    if check_enabled() and not torch.compiler.is_compiling():
+        guards.warn_outlier_blocks(
+            q, k, smooth_k=a["smooth_k"], query_weight=a["query_weight"],
+            key_weight=a["key_weight"], eps=a["eps"], op=op,
+        )  # fmt: skip
+
+
 def _call(sig, a: dict, lse: bool = False):
     op_sig = OPS[f"{sig.name}_lse"] if lse else sig
     pos, kw = op_sig.call_args(a)
@@ -411,6 +444,7 @@ def _public(sig, doc: str, extra=()):
 )
 def gfx1201_sage_prepare(a) -> Prepared:
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS), op="gfx1201_sage_prepare")
+    _guard_inputs(a, "gfx1201_sage_prepare")
     q8, q_scale, k8, k_scale, v_codes, v_scale = _call(signatures.PREPARE, a)
     if v_codes.dtype == torch.uint8:  # fp8 mode: e4m3 bits (float16 codes in fp16 mode)
         v_codes = v_codes.view(torch.float8_e4m3fn)
@@ -439,6 +473,16 @@ def gfx1201_sage_attention_fwd(a):
     v = a["v_fp8"]
     a["v_fp8"] = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
     lse = a.pop("return_lse")
+    prepared = [a[n] for n in ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale")]
+    if _inputs_4d(prepared[0]) and all(isinstance(t, torch.Tensor) for t in prepared):
+        budget = guards.fwd_budget(
+            prepared,
+            a["seq_len"],
+            out_dtype=a["out_dtype"],
+            return_lse=lse,
+            backend=backends.requested(a["backend"]),
+        )
+        guards.check_fits(budget, prepared[0].device, "gfx1201_sage_attention_fwd")
     result = _call(signatures.ATTENTION_FWD, a, lse)
     if check_enabled():
         out, lse_t = result if lse else (result, None)
@@ -464,6 +508,7 @@ def gfx1201_sage_attention_fwd(a):
 def gfx1201_sage_attention(a):
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS))
     lse = a.pop("return_lse")
+    _guard_inputs(a, "gfx1201_sage_attention", lse=lse)
     result = _call(signatures.ATTENTION, a, lse)
     if check_enabled():
         out, lse_t = result if lse else (result, None)

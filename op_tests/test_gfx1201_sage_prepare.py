@@ -255,6 +255,36 @@ def test_torch_op_positional_and_keyword_forms(backend):
     assert_prepared_equal(py, want)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_eps_zero_with_norm_weights_is_used_as_given(backend):
+    """eps=0 is a value, not "unset": rows whose mean square is near 1e-6 (where eps=1e-6
+    changes the RMS by about 30 %) quantize as ref.prepare does with eps=0, and not as with
+    the default."""
+    s = 64
+    q, k, v = qkv(1, s, s, 2, seed=14)
+    q, k = (q.float() * 1e-3).to(q.dtype), (k.float() * 1e-3).to(k.dtype)
+    qw, kw = norm_weights(14)
+    dev = to_device(backend, q, k, v, qw, kw)
+    got = aiter_sage.gfx1201_sage_prepare(*dev[:3], 0.1, dev[3], dev[4], eps=0.0, backend=backend)
+    want = ref.prepare(q, k, v, 0.1, qw, kw, eps=0.0)
+    assert_prepared_equal(got, want)
+    default = ref.prepare(q, k, v, 0.1, qw, kw)
+    assert not torch.equal(_bits(want.q_int8), _bits(default.q_int8))  # the case can tell
+
+
+@pytest.mark.parametrize("op", ["gfx1201_sage_prepare", "gfx1201_sage_attention"])
+def test_a_value_given_twice_is_a_type_error(op):
+    """att(q, k, v, 0.1, softmax_scale=0.2): positional and keyword for one parameter."""
+    q, k, v = qkv(1, 32, 32, 1, seed=15)
+    with pytest.raises(TypeError, match="multiple values for 'softmax_scale'"):
+        getattr(aiter_sage, op)(q, k, v, 0.1, softmax_scale=0.2)
+    with pytest.raises(TypeError, match="multiple values for 'query'"):
+        getattr(aiter_sage, op)(q, k, v, query=q)
+    p = aiter_sage.gfx1201_sage_prepare(q, k, v)
+    with pytest.raises(TypeError, match="multiple values for 'seq_len'"):
+        aiter_sage.gfx1201_sage_attention_fwd(*p, 32, seq_len=32)
+
+
 # ---- the reference against upstream's formulas --------------------------------------------
 def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin=None, eps=1e-6):
     """Upstream's reference, written out step by step with plain torch ops:

@@ -1,6 +1,7 @@
 """The JIT driver: cache hits and misses, rebuilds, locking, corruption, compilers, prebuild."""
 
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -85,6 +86,67 @@ def test_source_or_header_edit_rebuilds(tmp_path, cache, builds):
     (tmp_path / "src" / "probe.cpp").write_text(PROBE + "\n// edited\n")
     c = jit_driver.ensure_module(spec, "cpu")
     assert c not in (a, b) and len(builds) == 3
+
+
+def test_inc_file_edit_rebuilds(tmp_path, cache, builds):
+    """The cpu kernels live in .inc files that their .cpp files include: an edit of one is a
+    new module (the key hashes .inc files like headers)."""
+    src = tmp_path / "src"
+    spec = make_probe(src, 7)
+    (src / "probe.h").write_text('#include "value.inc"\n')
+    (src / "value.inc").write_text("#define PROBE_VALUE 11\n")
+    a = jit_driver.ensure_module(spec, "cpu")
+    assert call_probe(a) == 11
+    (src / "value.inc").write_text("#define PROBE_VALUE 12\n")
+    b = jit_driver.ensure_module(spec, "cpu")
+    assert a != b and len(builds) == 2 and call_probe(b) == 12
+
+
+def test_compile_and_link_flags_are_in_the_key(tmp_path, cache, builds):
+    """A module's own flags, the toolchain's compile flags and its link flags each change the
+    key: a build with other flags is another module."""
+    spec = make_probe(tmp_path / "src", 7)
+    tc = jit_driver.toolchain_for("cpu")
+    digest = jit_driver.sources_digest(spec, tc.kind)
+    base = jit_driver.cache_key(spec, "cpu", tc, digest)
+    other_c = dataclasses.replace(tc, cflags=tc.cflags + ("-DPROBE_C=1",))
+    other_l = dataclasses.replace(tc, ldflags=tc.ldflags + ("-Wl,--as-needed",))
+    other_spec = dataclasses.replace(spec, flags=("-DPROBE_SPEC=1",))
+    keys = {
+        base,
+        jit_driver.cache_key(spec, "cpu", other_c, digest),
+        jit_driver.cache_key(spec, "cpu", other_l, digest),
+        jit_driver.cache_key(other_spec, "cpu", tc, digest),
+    }
+    assert len(keys) == 4
+    # End to end: the module's flags reach the compiler and the cache.
+    (tmp_path / "src" / "probe.h").write_text(
+        "#ifdef PROBE_SPEC\n#define PROBE_VALUE 21\n#else\n#define PROBE_VALUE 7\n#endif\n"
+    )
+    spec_digest = jit_driver.sources_digest(spec, tc.kind)
+    a = jit_driver.ensure_module(spec, "cpu")
+    b = jit_driver.ensure_module(other_spec, "cpu")
+    assert jit_driver.sources_digest(other_spec, tc.kind) == spec_digest  # only flags differ
+    assert a != b and len(builds) == 2 and call_probe(a) == 7 and call_probe(b) == 21
+
+
+def test_same_size_corruption_of_a_cached_module_is_rebuilt(tmp_path, cache, builds):
+    """One byte of the module's info string changed: the file keeps its size and still loads
+    and exports every symbol, so only the recorded sha256 can tell; it is rebuilt."""
+    spec = make_probe(tmp_path / "src", 9)
+    so = jit_driver.ensure_module(spec, "cpu")  # not loaded in this process
+    data = bytearray(so.read_bytes())
+    at = data.find(b"probe_module target=cpu")
+    assert at >= 0
+    data[at] = ord("P")
+    damaged = so.with_suffix(".damaged")
+    damaged.write_bytes(bytes(data))
+    os.replace(damaged, so)
+    assert so.stat().st_size == len(data)
+    assert jit_driver._check_loadable(so, spec.entry) is None
+    again = jit_driver.ensure_module(spec, "cpu")
+    assert again == so and len(builds) == 2
+    assert b"probe_module target=cpu" in so.read_bytes() and call_probe(so) == 9
 
 
 def test_compiler_change_rebuilds(tmp_path, cache, builds, monkeypatch):

@@ -1,0 +1,273 @@
+"""What the Python entry points check before and after the binding runs a call.
+
+* :func:`check_fits` — a call whose prepared tensors, outputs and copies cannot fit in the
+  memory its device has free is refused with a :class:`MemoryError` *before* anything is
+  allocated (the binding would otherwise fill the machine until the OOM killer ends the
+  process: an expanded ``[1, 2**24, 8, 128]`` key is 16 GiB of INT8 codes and 16 GiB of V).
+* :func:`warn_outlier_blocks` — under ``AITER_SAGE_CHECK=1``, a 32-row Q or K block whose
+  largest row dwarfs its typical row is named: per-block INT8 gives every row of a block the
+  step of its largest, so one row ×30 puts the other 31 at rel L2 0.19 (0.028 elsewhere).
+
+The byte counts follow the binding's allocations (``csrc/binding/sage_torch.cpp``:
+``prepare_checked``, ``fwd_checked``); a test compares them with the tensors a call returns.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from . import ref
+
+# ----------------------------------------------------------------------------------------------
+# Memory: bytes a call allocates, and what its device has free
+# ----------------------------------------------------------------------------------------------
+# The GPU prepare's V amax scratch: SAGE_V_AMAX_SPLITS (csrc/include/sage/params.h) partial
+# maxima per (batch, kv head, channel).
+V_AMAX_SPLITS = 16
+_F32, _I8 = 4, 1
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes of one call, by what holds them."""
+
+    prepared: int = 0  # INT8 Q/K, V codes and their scales (+ the smoothing's terms, scratch)
+    output: int = 0  # the attention output and its LSE
+    copies: int = 0  # inputs copied to meet the kernels' 16-byte alignment
+
+    @property
+    def total(self) -> int:
+        return self.prepared + self.output + self.copies
+
+
+def _alignment_copy_bytes(t: Optional[torch.Tensor], need_alignment: bool) -> int:
+    """The bytes of the copy the binding makes of `t` (``aligned_for``): rows that are not
+    16-byte aligned on a backend with 128-bit loads are copied, materialized in full (an
+    expanded tensor becomes as large as its shape)."""
+    if t is None or not need_alignment:
+        return 0
+    es = t.element_size()
+    ok = t.data_ptr() % 16 == 0 and t.stride(-1) == 1
+    ok = ok and all(t.size(d) == 1 or (t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1))
+    return 0 if ok else t.numel() * es
+
+
+def needs_alignment(device: torch.device, backend: str) -> bool:
+    """The binding's rule: GPU kernels and the gfx12 emulator load 128 bits at a time."""
+    return device.type != "cpu" or backend == "emu"
+
+
+def prepare_budget(
+    query, key, value, *, pv_dtype="fp8", smooth_k=False, backend="", norm_rope=()
+) -> Budget:
+    """What ``gfx1201_sage_prepare`` allocates for these inputs (``backend``: the normalised
+    name the call resolves to, '' for the automatic one)."""
+    b, sq, hq, d = query.shape
+    skv, hkv = key.shape[1], key.shape[2]
+    dp = ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
+    sq_pad, skv_pad = ref.padded_len(sq), ref.padded_len(skv)
+    v_bytes = 2 if pv_dtype == "fp16" else 1
+    prepared = b * sq_pad * hq * dp * _I8 + b * hq * (sq_pad // ref.SCALE_BLOCK) * _F32
+    prepared += b * skv_pad * hkv * dp * _I8 + b * hkv * (skv_pad // ref.SCALE_BLOCK) * _F32
+    prepared += b * hkv * dp * skv_pad * v_bytes + b * hkv * dp * _F32
+    prepared += b * hkv * V_AMAX_SPLITS * dp * _F32
+    if smooth_k:
+        prepared += b * hkv * dp * _F32 + b * hq * sq_pad * _F32
+    align = needs_alignment(query.device, backend)
+    copies = sum(_alignment_copy_bytes(t, align) for t in (query, key, value, *norm_rope))
+    return Budget(prepared=prepared, copies=copies)
+
+
+def attention_budget(
+    query,
+    key,
+    value,
+    *,
+    pv_dtype="fp8",
+    smooth_k=False,
+    return_lse=False,
+    backend="",
+    norm_rope=(),
+) -> Budget:
+    """What ``gfx1201_sage_attention`` allocates: prepare's tensors, then the output."""
+    p = prepare_budget(
+        query, key, value, pv_dtype=pv_dtype, smooth_k=smooth_k, backend=backend,
+        norm_rope=norm_rope,
+    )  # fmt: skip
+    b, sq, hq, d = query.shape
+    out = b * sq * hq * d * query.element_size()
+    if return_lse:
+        out += b * hq * sq * _F32
+    return Budget(prepared=p.prepared, output=out, copies=p.copies)
+
+
+def fwd_budget(prepared, seq_len, *, out_dtype=None, return_lse=False, backend="") -> Budget:
+    """What ``gfx1201_sage_attention_fwd`` allocates on prepared tensors."""
+    q8 = prepared[0]
+    b, s_pad, hq, dp = q8.shape
+    es = torch.empty((), dtype=out_dtype or torch.bfloat16).element_size()
+    out = b * s_pad * hq * dp * es + (b * hq * s_pad * _F32 if return_lse else 0)
+    align = needs_alignment(q8.device, backend)
+    copies = sum(_alignment_copy_bytes(t, align) for t in prepared)
+    return Budget(output=out, copies=copies)
+
+
+def _cgroup_free_bytes() -> Optional[int]:
+    """Memory left under this process's cgroup limit (v2, else v1), None if unlimited."""
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None
+        return max(int(limit) - usage, 0)
+    return None
+
+
+def host_free_bytes() -> tuple[int, str]:
+    """Host memory a call can still take, and where the figure comes from: MemAvailable
+    (/proc/meminfo), lowered to the cgroup's remaining limit, raised by the binding's cached
+    host blocks (they are reused before new memory is mapped)."""
+    free, source = None, ""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free, source = int(line.split()[1]) * 1024, "MemAvailable"
+                    break
+    except OSError:
+        pass
+    if free is None:  # not Linux's /proc: what sysconf says is free
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        source = "free physical pages"
+    cg = _cgroup_free_bytes()
+    if cg is not None and cg < free:
+        free, source = cg, "the cgroup's memory limit"
+    try:
+        from . import ops
+
+        if ops._binding is not None:
+            free += int(ops.host_cache_stats().get("cached_bytes", 0))
+    except Exception:  # noqa: BLE001 - the estimate stands without the cache's share
+        pass
+    return free, source
+
+
+def device_free_bytes(device: torch.device) -> tuple[int, str]:
+    """Free memory of a GPU (the driver's figure plus what torch's caching allocator holds
+    unused, which it hands out first)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + max(cached, 0)), "free device memory"
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def check_fits(budget: Budget, device: torch.device, op: str) -> None:
+    """Raises MemoryError naming the size and the limit when ``budget`` exceeds what
+    ``device`` has free. Not while torch.compile traces (fake tensors allocate nothing)."""
+    if torch.compiler.is_compiling() or device.type == "meta":
+        return
+    if device.type == "cpu":
+        free, source = host_free_bytes()
+        where = "host memory"
+    elif device.type == "cuda":
+        free, source = device_free_bytes(device)
+        where = f"memory on {device}"
+    else:
+        return
+    if budget.total <= free:
+        return
+    parts = [f"{_fmt(budget.prepared)} of prepared tensors"]
+    if budget.output:
+        parts.append(f"{_fmt(budget.output)} of output")
+    if budget.copies:
+        parts.append(f"{_fmt(budget.copies)} of aligned input copies")
+    raise MemoryError(
+        f"aiter_sage: {op} would allocate {_fmt(budget.total)} ({', '.join(parts)}) but only "
+        f"{_fmt(free)} of {where} is free ({source}); nothing was allocated. Split the call "
+        f"(fewer heads or batch entries at a time) or free memory"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# AITER_SAGE_CHECK=1: blocks whose INT8 step is set by one outlier row
+# ----------------------------------------------------------------------------------------------
+# A block is named when its largest row amax exceeds the median row amax of the block by more
+# than this factor. Random rows differ by about 1.5x; a factor of 8 costs the block's other
+# rows 8x the INT8 error of their own scale (DiT "massive activations" are 100x and more).
+OUTLIER_FACTOR = 8.0
+OUTLIER_MAX_NAMED = 8  # blocks named per warning
+
+
+class SageOutlierWarning(RuntimeWarning):
+    """AITER_SAGE_CHECK=1 found a Q or K block whose INT8 scale one outlier row sets."""
+
+
+def outlier_blocks(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> list[tuple]:
+    """(batch, head, block, ratio) of every 32-row block of ``x`` ``[B, S, H, D]`` whose largest
+    row amax exceeds ``factor`` times the block's median row amax (rows past S do not count)."""
+    b, s, h, _ = x.shape
+    rows = x.detach().float().abs().amax(dim=-1).transpose(1, 2)  # [B, H, S]
+    s_pad = ref.padded_len(s)
+    rows = torch.nn.functional.pad(rows, (0, s_pad - s), value=math.nan)
+    blocks = rows.reshape(b, h, s_pad // ref.SCALE_BLOCK, ref.SCALE_BLOCK)
+    top = blocks.nan_to_num(nan=-math.inf).amax(dim=-1)
+    median = blocks.nanmedian(dim=-1).values
+    ratio = top / median
+    hit = (median > 0) & torch.isfinite(top) & (ratio > factor)  # zero rows lose nothing
+    idx = hit.nonzero().tolist()
+    return [(bi, hi, ki, float(ratio[bi, hi, ki])) for bi, hi, ki in idx]
+
+
+def warn_outlier_blocks(
+    query, key, *, smooth_k=False, query_weight=None, key_weight=None, eps=1e-6, op=""
+) -> dict:
+    """Warns (:class:`SageOutlierWarning`) naming the Q and K blocks :func:`outlier_blocks`
+    finds in what prepare quantizes (after the RMSNorm when its weights are given; K minus its
+    mean with ``smooth_k``). Returns ``{"query": [...], "key": [...]}``."""
+    q, k = query, key
+    if query_weight is not None:
+        q = torch.nn.functional.rms_norm(q.float(), (q.shape[-1],), query_weight.float(), eps)
+        k = torch.nn.functional.rms_norm(k.float(), (k.shape[-1],), key_weight.float(), eps)
+    if smooth_k:
+        k = k.float() - k.float().mean(dim=1, keepdim=True)
+    found = {"query": outlier_blocks(q), "key": outlier_blocks(k)}
+    for what, hits in found.items():
+        if not hits:
+            continue
+        named = ", ".join(
+            f"(batch {b}, head {h}, rows {blk * 32}-{blk * 32 + 31}: {r:.0f}x)"
+            for b, h, blk, r in hits[:OUTLIER_MAX_NAMED]
+        )
+        more = f" and {len(hits) - OUTLIER_MAX_NAMED} more" if len(hits) > OUTLIER_MAX_NAMED else ""
+        hint = " (smooth_k=True removes a common key offset)" if what == "key" else ""
+        warnings.warn(
+            f"aiter_sage: {op}: {len(hits)} {what} block(s) whose largest row amax exceeds "
+            f"{OUTLIER_FACTOR:g}x the block's median row amax; the block's other rows lose INT8 "
+            f"precision{hint}: {named}{more}",
+            SageOutlierWarning,
+            stacklevel=4,
+        )
+    return found
