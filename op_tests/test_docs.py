@@ -44,6 +44,7 @@ def test_readme_fits_one_screen_and_keeps_the_two_commands():
 def test_relative_links_resolve():
     broken = []
     for md in _markdown_files():
+        assert md.is_file(), f"{md.relative_to(REPO)} is missing"
         for target in LINK.findall(md.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
