@@ -2,7 +2,7 @@
 
 Every test file runs under pytest and as `python op_tests/test_x.py` (which calls pytest on
 itself). Backends are the ones present: `cpu` wherever a C++ compiler exists, `emu` where
-clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU.
+clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU, `cuda` on a Hopper GPU.
 """
 
 from __future__ import annotations

@@ -1,0 +1,252 @@
+#!/usr/bin/env python3
+"""Renders the README's figures (docs/images/*.png) from the measurements and the model.
+
+One figure per backend, each a speed panel and an accuracy-versus-length panel:
+
+  cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
+          avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
+  cuda    op_benchmarks/hip/h200_bench_{d128,d64,fp16}.csv (one H200, run_h200.sh)
+  gfx12   a PREDICTION: the TFLOPS printed by `python3 -m aiter_sage.isa --arch gfx1201
+          --model r9700 --seq S` for each S (run here, so a recalibrated model re-renders with
+          this one command), and the gfx12 arithmetic model's rows of accuracy_vs_seqlen.csv
+
+plus accuracy_vs_seqlen.png (every row of that CSV). Needs matplotlib (rendering only; the
+tests do not import this file):
+
+    python3 op_benchmarks/render_figures.py            # all four
+    python3 op_benchmarks/render_figures.py gfx12      # the prediction only (after isa.py changes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "op_benchmarks" / "results"
+H200 = REPO / "op_benchmarks" / "hip"
+IMAGES = REPO / "docs" / "images"
+ACCURACY_CSV = RESULTS / "accuracy_vs_seqlen.csv"
+CPU_CSV = RESULTS / "cpu_main_job.csv"
+PREDICTION_SEQS = (1024, 2048, 4096, 8192, 16384, 32768)
+# Published gfx1201 figures the prediction is set against (B1 H24 D128): torch SDPA (flash),
+# aiter#4188 at S 1536-4096, and the fastest published RDNA4 attention kernel (aiter FlyDSL
+# FP8, kernel only, 115.7 TFLOPS).
+GFX1201_SDPA_TFLOPS = (46, 51)
+GFX1201_BEST_PUBLISHED_TFLOPS = 115.7
+ROOF_8BIT_TOPS = 383
+# One kernel per line of the prediction plot: label, kernel name.
+PREDICTED_KERNELS = (
+    ("D 128, FP8 P·V", "sage_attention_fwd_kernel"),
+    ("D 64, FP8 P·V", "sage_attention_fwd_kernel_d64"),
+    ("D 128, FP16 P·V", "sage_attention_fwd_kernel_pv16"),
+)
+PREDICTION_LINE = re.compile(
+    r"^  (\w+): PREDICTION for .*?S=(\d+) D=\d+, rescale (executed|skipped).*\n.*\n"
+    r".*-> (\d+) TFLOPS",
+    re.M,
+)
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _accuracy_panel(ax, impl: str, title: str) -> None:
+    """rel L2 against key length for one implementation of accuracy_vs_seqlen.csv."""
+    series: dict = {}
+    for r in _rows(ACCURACY_CSV):
+        if r["impl"] == impl:
+            key = (r["inputs"], r["pv_dtype"], int(r["smooth_k"]))
+            series.setdefault(key, []).append((int(r["seq_len"]), float(r["rel_l2"])))
+    for (inputs, mode, smooth), pts in sorted(series.items()):
+        pts.sort()
+        label = f"{inputs}, {mode} P·V{', smooth_k' if smooth else ''}"
+        style = "-" if inputs == "randn" else "--"
+        ax.plot(*zip(*pts), style, marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("key length S (256 query rows, D 128)")
+    ax.set_ylabel("relative L2 vs FP32 attention")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, name: str) -> None:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    path = IMAGES / name
+    fig.savefig(path, dpi=100)
+    print(f"wrote {path.relative_to(REPO)}")
+
+
+def render_cpu(plt) -> None:
+    rows = _rows(CPU_CSV)
+    fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4))
+    seqs = sorted({int(r["S"]) for r in rows})
+    providers = ("sage", "sage_core")  # sage: prepare + attention; sage_core: attention alone
+    width = 0.8 / len(providers)
+    for i, prov in enumerate(providers):
+        mine = [r for _, r in sorted((int(r["S"]), r) for r in rows if r["provider"] == prov)]
+        xs = [j + (i - 0.5) * width for j in range(len(seqs))]
+        lo = [float(r["speedup_lo"]) for r in mine]
+        hi = [float(r["speedup_hi"]) for r in mine]
+        speed.bar(xs, hi, width, color=f"C{i}", alpha=0.35)
+        speed.bar(xs, lo, width, color=f"C{i}", label=f"{prov} (pale: range of 2 runs)")
+    speed.axhline(1.0, color="black", ls="--", label="torch SDPA, BF16 (same run)")
+    speed.set_xticks(range(len(seqs)), [f"S {s}" for s in seqs])
+    speed.set_ylim(0, 1.5)
+    speed.set_ylabel("speed-up over torch SDPA (higher is better)")
+    speed.set_title("cpu backend, avx2 tier: 2-core Zen 3, B1 H8 D128")
+    speed.legend(fontsize=7, loc="lower right")
+    speed.grid(True, axis="y", alpha=0.3)
+    _accuracy_panel(acc, "cpu", "cpu backend: accuracy vs key length")
+    _save(fig, "cpu.png")
+
+
+def render_cuda(plt) -> None:
+    d128 = _rows(H200 / "h200_bench_d128.csv")
+    fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for prov, style in (
+        ("sage", "-o"),
+        ("sage_core", "-s"),
+        ("sdpa_cudnn", "--^"),
+        ("sdpa_flash", ":v"),
+    ):
+        pts = sorted((int(r["S"]), float(r["tflops"])) for r in d128 if r["provider"] == prov)
+        speed.plot(*zip(*pts), style, label=f"{prov}, D 128")
+    for name, label, marker, provs in (
+        ("h200_bench_d64.csv", "D 64", "D", ("sage", "sdpa_cudnn")),
+        ("h200_bench_fp16.csv", "D 128 FP16 P·V", "P", ("sage",)),
+    ):
+        for r in _rows(H200 / name):
+            if r["provider"] in provs:
+                speed.plot(
+                    int(r["S"]), float(r["tflops"]), marker, label=f"{r['provider']}, {label}"
+                )
+    speed.set_xscale("log", base=2)
+    speed.set_xlabel("S (B1 H24, BF16, non-causal)")
+    speed.set_ylabel("TFLOPS (higher is better)")
+    speed.set_title("cuda backend on one H200 (sage includes prepare)")
+    speed.grid(True, which="both", alpha=0.3)
+    speed.legend(fontsize=7)
+    for prov, style in (("sage", "-o"), ("sdpa_cudnn", "--^")):
+        pts = sorted((int(r["S"]), float(r["rel_l2"])) for r in d128 if r["provider"] == prov)
+        acc.plot(*zip(*pts), style, label=f"{prov}, D 128, FP8 P·V" if prov == "sage" else prov)
+    for r in _rows(H200 / "h200_bench_fp16.csv"):
+        if r["provider"] == "sage":
+            acc.plot(int(r["S"]), float(r["rel_l2"]), "P", label="sage, D 128, FP16 P·V")
+    acc.set_xscale("log", base=2)
+    acc.set_yscale("log")
+    acc.set_xlabel("S = key length (randn inputs)")
+    acc.set_ylabel("relative L2 vs FP32 attention")
+    acc.set_title("cuda backend: accuracy vs length (H200)")
+    acc.grid(True, which="both", alpha=0.3)
+    acc.legend(fontsize=7)
+    _save(fig, "cuda_h200.png")
+
+
+def predicted_tflops(seqs=PREDICTION_SEQS) -> dict:
+    """{(kernel, S, rescale executed?): TFLOPS} as `python3 -m aiter_sage.isa` prints them."""
+    found = {}
+    for s in seqs:
+        out = subprocess.run(
+            [sys.executable, "-m", "aiter_sage.isa", "--arch", "gfx1201", "--model", "r9700"]
+            + ["--seq", str(s)],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        for kernel, seq, rescale, tflops in PREDICTION_LINE.findall(out):
+            found[(kernel, int(seq), rescale == "executed")] = float(tflops)
+    return found
+
+
+def render_gfx12(plt) -> None:
+    pred = predicted_tflops()
+    fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, kernel) in enumerate(PREDICTED_KERNELS):
+        every = [pred[(kernel, s, True)] for s in PREDICTION_SEQS]
+        never = [pred[(kernel, s, False)] for s in PREDICTION_SEQS]
+        speed.fill_between(PREDICTION_SEQS, every, never, color=f"C{i}", alpha=0.3)
+        speed.plot(
+            PREDICTION_SEQS,
+            every,
+            "-o",
+            color=f"C{i}",
+            label=f"{label} (rescale every tile / never)",
+        )
+        speed.plot(PREDICTION_SEQS, never, "-", color=f"C{i}")
+    speed.axhspan(
+        *GFX1201_SDPA_TFLOPS,
+        color="grey",
+        alpha=0.5,
+        label="torch SDPA on gfx1201, measured (aiter#4188)",
+    )
+    speed.axhline(
+        GFX1201_BEST_PUBLISHED_TFLOPS, color="black", ls=":", label="fastest published RDNA4 kernel"
+    )
+    speed.axhline(
+        ROOF_8BIT_TOPS, color="red", ls="--", label=f"8-bit WMMA roof, {ROOF_8BIT_TOPS} TOPS"
+    )
+    speed.set_xscale("log", base=2)
+    speed.set_ylim(0, ROOF_8BIT_TOPS * 1.08)
+    speed.set_xlabel("S (B1 H24, non-causal)")
+    speed.set_ylabel("predicted TFLOPS")
+    speed.set_title(
+        "PREDICTION, not a measurement: gfx12 kernels on an R9700\n"
+        "(`python3 -m aiter_sage.isa --model r9700`)",
+        color="darkred",
+    )
+    speed.grid(True, which="both", alpha=0.3)
+    speed.legend(fontsize=7, loc="lower right")
+    _accuracy_panel(acc, "model", "gfx12 kernels' arithmetic (ref model): accuracy vs length")
+    _save(fig, "gfx12_prediction.png")
+
+
+def render_accuracy(plt) -> None:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    _accuracy_panel(axes[0], "cpu", "cpu backend")
+    _accuracy_panel(axes[1], "model", "gfx12 / GPU arithmetic (e4m3 or FP16 P)")
+    _save(fig, "accuracy_vs_seqlen.png")
+
+
+FIGURES = {
+    "cpu": render_cpu,
+    "cuda": render_cuda,
+    "gfx12": render_gfx12,
+    "accuracy": render_accuracy,
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("figures", nargs="*", help=f"some of: {', '.join(FIGURES)} (default: all)")
+    args = ap.parse_args(argv)
+    unknown = set(args.figures) - set(FIGURES)
+    if unknown:
+        ap.error(f"unknown figures {sorted(unknown)}; choose from {list(FIGURES)}")
+    plt = _pyplot()
+    for name in args.figures or FIGURES:
+        FIGURES[name](plt)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
