@@ -130,7 +130,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(
         "AITER_SAGE_EMU_THREADS",
         "the hardware's thread count",
-        "host threads the emulator runs workgroups on",
+        "host threads the emulator runs workgroups on, 1 to 4096; anything else fails the launch",
         (_EMU_RUNTIME,),
     ),
     EnvVar(

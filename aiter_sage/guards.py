@@ -221,7 +221,11 @@ OUTLIER_FACTOR = 8.0
 OUTLIER_MAX_NAMED = 8  # blocks named per warning
 
 
-class SageOutlierWarning(RuntimeWarning):
+class SageCheckWarning(RuntimeWarning):
+    """AITER_SAGE_CHECK=1 found something wrong or fragile in a call (``ops`` names rows)."""
+
+
+class SageOutlierWarning(SageCheckWarning):
     """AITER_SAGE_CHECK=1 found a Q or K block whose INT8 scale one outlier row sets."""
 
 

@@ -310,8 +310,9 @@ ENV_CHECK = "AITER_SAGE_CHECK"
 CHECK_MAX_NAMED = 8  # rows named per warning
 
 
-class SageCheckWarning(RuntimeWarning):
-    """AITER_SAGE_CHECK=1 found a non-finite output row or an out-of-range LSE."""
+# AITER_SAGE_CHECK=1 warnings: non-finite rows and LSE values here, outlier Q/K blocks in guards
+# (SageOutlierWarning, a subclass).
+SageCheckWarning = guards.SageCheckWarning
 
 
 def check_enabled() -> bool:
@@ -375,8 +376,8 @@ def _guard_inputs(a: dict, op: str, *, lse: bool = False) -> None:
     AITER_SAGE_CHECK=1 name outlier Q/K blocks. Inputs the binding will refuse anyway (not
     4-D tensors) are left to its checks."""
     q, k, v = a["query"], a["key"], a["value"]
-    if not _inputs_4d(q, k, v):
-        return
+    if torch.compiler.is_compiling() or not _inputs_4d(q, k, v):
+        return  # traced: fake tensors allocate nothing (the compiled call runs the real op)
     kw = dict(
         pv_dtype=a["pv_dtype"],
         smooth_k=a["smooth_k"],
@@ -388,7 +389,7 @@ def _guard_inputs(a: dict, op: str, *, lse: bool = False) -> None:
     else:
         budget = guards.attention_budget(q, k, v, return_lse=lse, **kw)
     guards.check_fits(budget, q.device, op)
-    if check_enabled() and not torch.compiler.is_compiling():
+    if check_enabled():
         guards.warn_outlier_blocks(
             q, k, smooth_k=a["smooth_k"], query_weight=a["query_weight"],
             key_weight=a["key_weight"], eps=a["eps"], op=op,
@@ -474,7 +475,8 @@ def gfx1201_sage_attention_fwd(a):
     a["v_fp8"] = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
     lse = a.pop("return_lse")
     prepared = [a[n] for n in ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale")]
-    if _inputs_4d(prepared[0]) and all(isinstance(t, torch.Tensor) for t in prepared):
+    tensors = all(isinstance(t, torch.Tensor) for t in prepared)
+    if not torch.compiler.is_compiling() and tensors and _inputs_4d(prepared[0]):
         budget = guards.fwd_budget(
             prepared,
             a["seq_len"],
