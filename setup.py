@@ -50,13 +50,9 @@ class BuildPyWithSources(build_py):
             )
 
 
+# Name, version, dependencies and entry points: pyproject.toml's [project].
 setup(
-    name="aiter_sage",
-    version="0.1.0",
-    description="SageAttention (INT8 QK, FP8 PV) for AMD RDNA4 (gfx1201/gfx1200), JIT-compiled",
     packages=["aiter_sage", "aiter_sage.integrations", "aiter_sage.jit"],
     package_dir={"aiter_sage": "aiter_sage", "aiter_sage.jit": "jit"},
-    python_requires=">=3.9",
-    install_requires=["torch>=2.4", "ninja", "numpy"],
     cmdclass={"build_py": BuildPyWithSources},
 )

@@ -1,5 +1,6 @@
 """`pip install .` (not only -e) gives a package that carries its sources and works elsewhere."""
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -32,6 +33,11 @@ def test_pip_install_non_editable_runs_from_installed_copy(tmp_path):
     pkg = target / "aiter_sage"
     assert (pkg / "_csrc" / "include" / "sage" / "params.h").is_file()
     assert (pkg / "jit" / "modules.py").is_file() and (pkg / "GPU_ARCHS.cfg").is_file()
+    # The installed metadata carries the vLLM-Omni plugin entry point (pyproject.toml).
+    (dist,) = target.glob("aiter_sage-*.dist-info")
+    eps = importlib.metadata.PathDistribution(dist).entry_points
+    (plugin,) = eps.select(group="vllm_omni.general_plugins")
+    assert plugin.value == "aiter_sage.integrations.vllm_omni:register"
     script = (
         "import torch, aiter_sage as aiter\n"
         "from aiter_sage import jit_driver, ref\n"

@@ -29,32 +29,13 @@ can run); use ``set_attention_backend`` or ``attention_backend``.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from . import router
+from .enums import extend_enum
 
 BACKEND_NAME = "aiter_sage"
 _MEMBER_NAME = "AITER_SAGE"
-
-
-def _extend_str_enum(enum_cls, name: str, value: str):
-    """Add member ``name = value`` to a ``(str, Enum)`` class (idempotent); returns it."""
-    existing = enum_cls._value2member_map_.get(value)
-    if existing is not None:
-        return existing
-    member = str.__new__(enum_cls, value)
-    member._name_ = name
-    member._value_ = value
-    member.__objclass__ = enum_cls
-    if sys.version_info >= (3, 11):
-        member._sort_order_ = len(enum_cls._member_names_)
-    enum_cls._member_names_.append(name)
-    enum_cls._member_map_[name] = member
-    enum_cls._value2member_map_[value] = member
-    type.__setattr__(enum_cls, name, member)
-    return member
 
 
 def _broadcast_mask(attn_mask, query, key):
@@ -188,7 +169,7 @@ def register():
         return _registered
     from diffusers.models import attention_dispatch as ad
 
-    member = _extend_str_enum(ad.AttentionBackendName, _MEMBER_NAME, BACKEND_NAME)
+    member = extend_enum(ad.AttentionBackendName, _MEMBER_NAME, BACKEND_NAME)
     registry = ad._AttentionBackendRegistry
     registry.register(member, constraints=[], supports_context_parallel=True)(aiter_sage_attention)
     # diffusers' dispatcher passes a backend only the keywords its signature names and drops the

@@ -14,21 +14,8 @@ from __future__ import annotations
 
 from . import router
 
-# flash-attn's neutral values: the option changes nothing at this value.
-NO_WINDOW = (-1, -1)
-NO_SOFTCAP = 0.0
-
-
-def _check_neutral(window_size, softcap, alibi_slopes) -> None:
-    if window_size is not None and tuple(window_size) != NO_WINDOW:
-        raise ValueError(
-            f"flash_attn_func: window_size={tuple(window_size)} (sliding-window attention) is "
-            f"not supported by aiter_sage; only {NO_WINDOW} is accepted"
-        )
-    if softcap != NO_SOFTCAP:
-        raise ValueError(f"flash_attn_func: softcap={softcap} is not supported by aiter_sage")
-    if alibi_slopes is not None:
-        raise ValueError("flash_attn_func: alibi_slopes are not supported by aiter_sage")
+NO_WINDOW = router.FLASH_ATTN_NEUTRAL["window_size"]
+NO_SOFTCAP = router.FLASH_ATTN_NEUTRAL["softcap"]
 
 
 def flash_attn_func(
@@ -54,7 +41,11 @@ def flash_attn_func(
     ``[B, Hq, Sq]``, and no attention probabilities (aiter_sage never forms them).
     ``deterministic`` is accepted: the forward pass is deterministic. ``backend=`` as for
     :func:`aiter_sage.sageattn`."""
-    _check_neutral(window_size, softcap, alibi_slopes)
+    router.check_flash_attn_neutral(
+        "flash_attn_func",
+        dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes),
+        error=ValueError,
+    )
     del deterministic  # the forward pass is deterministic whatever is asked
     want_lse = bool(return_lse or return_attn_probs)
     gqa = all(hasattr(t, "dim") and t.dim() == 4 for t in (q, k)) and q.shape[2] != k.shape[2]

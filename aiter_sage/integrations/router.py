@@ -259,6 +259,44 @@ SAGEATTN_TUNING_KEYWORDS = (
 # sageattn): alias -> the entry point's own parameter. sdpa and the diffusers backend call the
 # scale `scale`.
 SAGEATTN_ALIASES = {"causal": "is_causal", "softmax_scale": "sm_scale"}
+# flash-attn options that ring-attention libraries pass with every call (yunchang's ring
+# forward: window_size, softcap, alibi_slopes, return_softmax; flash-attn's own signature also
+# has deterministic and return_attn_probs), each at the value that leaves attention unchanged.
+# They are read: the neutral value is accepted, any other raises (the kernels have no sliding
+# window, softcapping, ALiBi or probabilities). deterministic: any value (the forward pass is).
+ANY_VALUE = object()
+FLASH_ATTN_NEUTRAL = {
+    "window_size": (-1, -1),
+    "softcap": 0.0,
+    "alibi_slopes": None,
+    "return_softmax": False,
+    "return_attn_probs": False,
+    "deterministic": ANY_VALUE,
+}
+
+
+def _is_neutral(name: str, value) -> bool:
+    neutral = FLASH_ATTN_NEUTRAL[name]
+    if neutral is ANY_VALUE:
+        return True
+    if isinstance(neutral, tuple):
+        return isinstance(value, (tuple, list)) and tuple(value) == neutral
+    if neutral is None:
+        return value is None
+    return not isinstance(value, torch.Tensor) and value == neutral
+
+
+def check_flash_attn_neutral(where: str, options: dict, error=TypeError) -> None:
+    """Raise ``error`` naming the first flash-attn option of ``options`` that is not at its
+    neutral value (FLASH_ATTN_NEUTRAL)."""
+    for name, value in options.items():
+        if not _is_neutral(name, value):
+            raise error(
+                f"{where}(): flash-attn option {name!r} is {value!r}: aiter_sage's kernels have "
+                f"no such variant and take it only at {FLASH_ATTN_NEUTRAL[name]!r}"
+            )
+
+
 SDPA_ALIASES = {"causal": "is_causal", "softmax_scale": "scale", "sm_scale": "scale"}
 
 
@@ -283,7 +321,8 @@ _NONE_UNLESS_GIVEN = _Unset(None)
 def resolve_keywords(where: str, given: dict, extra: dict, aliases: dict) -> dict:
     """The values of ``given`` (parameter -> value or :class:`_Unset`) after reading ``extra``
     (the call's ``**kwargs``): an alias sets its parameter (TypeError if both are given), a
-    SageAttention tuning keyword is ignored, anything else is a TypeError naming it."""
+    SageAttention tuning keyword is ignored, a flash-attn option is accepted at its neutral value
+    (FLASH_ATTN_NEUTRAL; another value is a TypeError), anything else is a TypeError naming it."""
     extra = dict(extra)
     for alias, name in aliases.items():
         if alias not in extra or name not in given:
@@ -292,6 +331,9 @@ def resolve_keywords(where: str, given: dict, extra: dict, aliases: dict) -> dic
         if not isinstance(given[name], _Unset):
             raise TypeError(f"{where}() got {name!r} and its alias {alias!r}: pass one of the two")
         given[name] = value
+    check_flash_attn_neutral(
+        where, {k: extra.pop(k) for k in list(extra) if k in FLASH_ATTN_NEUTRAL}
+    )
     unknown = sorted(k for k in extra if k not in SAGEATTN_TUNING_KEYWORDS)
     if unknown:
         known = sorted({*given, *aliases})

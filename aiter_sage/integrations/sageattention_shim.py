@@ -61,17 +61,22 @@ class SageAttentionShimFinder(importlib.abc.MetaPathFinder):
     _aiter_sage_sageattention_shim = True
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != NAME:
-            return None
-        for finder in list(sys.meta_path):
-            if getattr(finder, _MARK, False):
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is not None and find(fullname, path, target) is not None:
-                return None  # a real SageAttention: the normal import finds it
+        if fullname != NAME or real_sageattention_installed(path, target):
+            return None  # not ours, or a real SageAttention the normal import finds
         return importlib.util.spec_from_loader(
             NAME, _ShimLoader(), origin="aiter_sage (sageattention shim)"
         )
+
+
+def real_sageattention_installed(path=None, target=None) -> bool:
+    """Whether a finder other than this shim's provides ``sageattention``."""
+    for finder in list(sys.meta_path):
+        if getattr(finder, _MARK, False):
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is not None and find(NAME, path, target) is not None:
+            return True
+    return False
 
 
 def enable_sageattention_shim() -> bool:
