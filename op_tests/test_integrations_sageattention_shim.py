@@ -14,7 +14,7 @@ RUN_OURS = """
 import torch, aiter_sage
 from sageattention import sageattn
 import sageattention
-assert sageattn is aiter_sage.sageattn and sageattention.__aiter_sage_shim__
+assert sageattn.__wrapped__ is aiter_sage.sageattn and sageattention.__aiter_sage_shim__
 q = torch.randn(1, 2, 40, 64).bfloat16()
 with torch.no_grad():
     out = sageattn(q, q, q, tensor_layout="HND", is_causal=False)

@@ -12,7 +12,8 @@ Either way a finder goes at the *end* of ``sys.meta_path`` and answers only for 
 name ``sageattention``, only after every other finder said it has none: a real SageAttention
 install always wins. The module it provides exposes :func:`aiter_sage.sageattn` as
 ``sageattn``, SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp8_cuda``, ...) with
-their options keyword-only, and ``__aiter_sage_shim__ = True``. Not provided:
+their options keyword-only, and ``__aiter_sage_shim__ = True``; all of them smooth K whatever
+``smooth_k`` says (see SMOOTH_K_POSITION's comment for why and the measurement). Not provided:
 ``sageattn_varlen`` and the ``sageattention.core`` submodule.
 
 This file imports neither torch nor aiter_sage: the ``.pth`` line runs it by its path at every
@@ -21,6 +22,7 @@ interpreter start, and only the ``import sageattention`` it answers loads aiter_
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -41,6 +43,50 @@ _MARK = "_aiter_sage_sageattention_shim"
 _BOOT = "_aiter_sage_sageattention_shim_boot"  # module name the .pth runs this file under
 
 
+# SageAttention's smooth_k chooses how K is quantized, not what is computed: subtracting the
+# keys' mean moves every score of a row by one constant, which the softmax removes. The shim
+# therefore smooths always, also when a caller passes smooth_k=False (ComfyUI does on every
+# call). Measured with the cpu backend (256 query rows, H 8, D 128, relative L2 against FP32):
+# DiT-like inputs (outlier Q channels, a per-channel K offset N(0, 3)) 0.0801 -> 0.0667 at
+# S 1024 and 0.0826 -> 0.0678 at S 4096; a K offset alone 0.0394 -> 0.0316; randn 0.0313 both;
+# 30x outlier key rows 0.0543 -> 0.0550; cost +8 % (0.148 -> 0.160 s at S 4096). Calls to
+# aiter_sage.sageattn itself keep the smooth_k they pass.
+SMOOTH_K_POSITION = 7  # sageattn(q, k, v, tensor_layout, is_causal, sm_scale, return_lse, smooth_k)
+_override_noted = []
+
+
+def _note_smooth_k_override() -> None:
+    if _override_noted:
+        return
+    _override_noted.append(True)
+    import logging
+
+    logging.getLogger("aiter_sage").info(
+        "sageattention shim: smooth_k=False is read as SageAttention's quantization choice; "
+        "aiter_sage smooths K on every call (the softmax is unchanged, the INT8 error of "
+        "offset keys drops: docs/api.md)"
+    )
+
+
+def always_smoothed(fn, smooth_k_position=None):
+    """``fn`` with ``smooth_k`` forced on (by keyword, or at ``smooth_k_position``); its
+    signature (``inspect.signature``) stays ``fn``'s, ``attn_mask`` included."""
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if smooth_k_position is not None and len(args) > smooth_k_position:
+            given = args[smooth_k_position]
+            args = (*args[:smooth_k_position], True, *args[smooth_k_position + 1 :])
+        else:
+            given = kwargs.get("smooth_k", True)
+            kwargs["smooth_k"] = True
+        if not given:
+            _note_smooth_k_override()
+        return fn(*args, **kwargs)
+
+    return call
+
+
 class _ShimLoader(importlib.abc.Loader):
     def create_module(self, spec):
         return None
@@ -48,9 +94,9 @@ class _ShimLoader(importlib.abc.Loader):
     def exec_module(self, module):
         from aiter_sage.integrations.router import sageattn, sageattn_keywords
 
-        module.sageattn = sageattn
+        module.sageattn = always_smoothed(sageattn, SMOOTH_K_POSITION)
         for name in KEYWORD_VARIANTS:
-            setattr(module, name, sageattn_keywords)
+            setattr(module, name, always_smoothed(sageattn_keywords))
         module.__aiter_sage_shim__ = True
         module.__all__ = ["sageattn", *KEYWORD_VARIANTS]
 
