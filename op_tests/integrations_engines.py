@@ -9,7 +9,7 @@
 * xDiT's ring attention: torch's ``_templated_ring_attention`` driven as xfuser's ``ring_attn``
   drives it (load balancing off, seq_dim 1, the attention function called with
   ``dropout_p``/``is_causal``/``joint_attn_kwargs``/``attention_kwargs``), with the
-  function xDiT's registry holds for ``--attention_backend aiter_sage_rdna4`` (xfuser itself
+  function xDiT's registry holds for ``--attention_backend sage_rdna4`` (xfuser itself
   needs triton to import: the registry here is a stand-in with its documented shape).
 
 Each rank saves its rows of every output, and the number of router calls that ran the kernels
@@ -32,7 +32,7 @@ if REPO not in sys.path:
 
 B, S, H, D = 1, 128, 4, 64  # S splits over 2 ranks, H over 2 Ulysses ranks
 SCALE = 0.15
-XDIT_NAME = "aiter_sage_rdna4"  # what a user passes to --attention_backend
+XDIT_NAME = "sage_rdna4"  # what a user passes to --attention_backend
 
 
 def inputs(seed=7):

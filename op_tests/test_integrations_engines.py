@@ -4,7 +4,7 @@
   ``LongContextAttention``, Ulysses and ring, causal and not, over 2 gloo processes, with
   ``AttnType.SAGE_AUTO`` reaching aiter_sage through the ``sageattention`` shim;
 * xDiT's ring attention: torch's real ``_templated_ring_attention`` driven as xfuser drives
-  it, with the function registered for ``--attention_backend aiter_sage_rdna4``; xfuser itself
+  it, with the function registered for ``--attention_backend sage_rdna4``; xfuser itself
   cannot be imported here (it needs triton), so its registry is a stand-in of the documented
   shape (op_tests/integrations_engines.py) — a faithful call, not xfuser's code;
 * vLLM-Omni (needs vLLM and its own torch: not installed): the plugin entry point from

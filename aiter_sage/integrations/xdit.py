@@ -1,13 +1,13 @@
-"""An xDiT (xfuser) attention backend: ``--attention_backend aiter_sage_rdna4``.
+"""An xDiT (xfuser) attention backend: ``--attention_backend sage_rdna4``.
 
     import aiter_sage.integrations.xdit as aiter_sage_xdit
-    aiter_sage_xdit.register()   # before xfuser builds its runtime state (xFuserArgs, ...)
-    # then run with --attention_backend aiter_sage_rdna4
+    aiter_sage_xdit.register()   # before xfuser creates its pipeline (its runtime state)
+    # then run with --attention_backend sage_rdna4
 
 xDiT picks the attention function by a member of ``AttentionBackendType`` (the name given to
 ``--attention_backend``, upper-cased) from ``ATTENTION_FUNCTION_REGISTRY``, both in
 ``xfuser.core.distributed.attention_backend``. :func:`register` adds the member
-``AITER_SAGE_RDNA4`` (``AITER_SAGE`` is taken: ROCm aiter's Triton SageAttention) and
+``SAGE_RDNA4`` (``AITER_SAGE`` is taken: ROCm aiter's Triton SageAttention) and
 registers :func:`attention` under it. xDiT has no plugin hook, so the call must come from the
 program before xfuser selects its backend.
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 from . import router
 from .enums import extend_enum
 
-BACKEND_MEMBER = "AITER_SAGE_RDNA4"  # --attention_backend aiter_sage_rdna4
+BACKEND_MEMBER = "SAGE_RDNA4"  # --attention_backend sage_rdna4
 BACKEND_VALUE = "aiter_sage SageAttention (INT8 Q·Kᵀ, FP8 P·V)"
 PACKED_KEY_ENTRIES = ("indices_k", "cu_seqlens_k")
 
@@ -56,7 +56,7 @@ def attention(query, key, value, dropout_p=0.0, is_causal=False, attention_kwarg
 
 
 def register(attention_backend=None):
-    """Register :func:`attention` as xDiT's ``AITER_SAGE_RDNA4`` backend (idempotent); returns
+    """Register :func:`attention` as xDiT's ``SAGE_RDNA4`` backend (idempotent); returns
     the ``AttentionBackendType`` member. ``attention_backend``: the module holding
     ``AttentionBackendType`` and ``ATTENTION_FUNCTION_REGISTRY`` (default: xfuser's)."""
     if attention_backend is None:
