@@ -180,3 +180,28 @@ def cpu_model(prepared, q_len: int, kv_len: int | None = None, **kw):
 
 def run_as_script(file: str) -> None:
     sys.exit(pytest.main([file, "-q", *sys.argv[1:]]))
+
+
+def count_router_calls(monkeypatch=None) -> dict:
+    """Counts the integrations' router calls that ran the kernels (``"kernel"``) and the
+    reasons of those that fell back to SDPA (``"fallback"``). With ``monkeypatch`` the counting
+    ends with the test; without (a worker process), for the rest of the process."""
+    from aiter_sage.integrations import router
+
+    seen = {"kernel": 0, "fallback": []}
+    real_kernel, real_log = router.kernel_attention, router._log_fallback
+
+    def kernel(*args, **kwargs):
+        seen["kernel"] += 1
+        return real_kernel(*args, **kwargs)
+
+    def log(where, reason):
+        seen["fallback"].append(reason)
+        return real_log(where, reason)
+
+    for name, fn in (("kernel_attention", kernel), ("_log_fallback", log)):
+        if monkeypatch is None:
+            setattr(router, name, fn)
+        else:
+            monkeypatch.setattr(router, name, fn)
+    return seen

@@ -74,25 +74,6 @@ def xdit_attention_function(module, backend_name: str):
     return wrapper
 
 
-def count_router_calls():
-    """Counts, in this process, the router calls that ran the kernels and the fallbacks."""
-    from aiter_sage.integrations import router
-
-    seen = {"kernel": 0, "fallback": []}
-    real_kernel, real_log = router.kernel_attention, router._log_fallback
-
-    def kernel(*a, **k):
-        seen["kernel"] += 1
-        return real_kernel(*a, **k)
-
-    def log(where, reason):
-        seen["fallback"].append(reason)
-        return real_log(where, reason)
-
-    router.kernel_attention, router._log_fallback = kernel, log
-    return seen
-
-
 def yunchang_outputs(rank: int, world: int) -> dict:
     import sageattention
     import yunchang.globals
@@ -153,6 +134,8 @@ def worker(rank: int, world: int, init: str, out: str) -> None:
     import torch.distributed as dist
 
     from aiter_sage.integrations import enable_sageattention_shim
+
+    from common import count_router_calls
 
     torch.set_num_threads(1)  # two ranks on a 2-core machine
     enable_sageattention_shim()  # before yunchang is imported: it looks for sageattention

@@ -26,7 +26,7 @@ import aiter_sage
 from aiter_sage import ref
 from aiter_sage.integrations import router, sageattention_shim
 
-from common import run_as_script
+from common import count_router_calls, run_as_script
 
 
 @pytest.fixture
@@ -47,10 +47,7 @@ def sageattention(monkeypatch):
 
 @pytest.fixture
 def calls(monkeypatch):
-    seen = []
-    real = router.kernel_attention
-    monkeypatch.setattr(router, "kernel_attention", lambda *a, **k: seen.append(1) or real(*a, **k))
-    return seen
+    return count_router_calls(monkeypatch)
 
 
 def comfy_attention_sage(sageattn, q, k, v, heads, mask=None, skip_reshape=False):
@@ -135,7 +132,8 @@ def test_comfyui_call_runs_the_kernels(sageattention, calls, skip_reshape, kv_he
         out = comfy_attention_sage(
             sageattention.sageattn, *args, heads=4, skip_reshape=skip_reshape
         )
-    assert calls == [1] and out.shape == q.shape and out.dtype == q.dtype
+    assert calls["kernel"] == 1 and not calls["fallback"]
+    assert out.shape == q.shape and out.dtype == q.dtype
     assert_band(out, truth(q, k, v, 4))
 
 

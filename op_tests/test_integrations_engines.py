@@ -32,7 +32,7 @@ from aiter_sage import ref
 from aiter_sage.integrations import router, vllm_omni, xdit
 
 import integrations_engines as engines
-from common import REPO, run_as_script
+from common import REPO, count_router_calls, run_as_script
 
 YUNCHANG_VERSION = "0.6.4"
 WORLD = 2
@@ -54,20 +54,7 @@ def truth_nhd(q, k, v, *, is_causal=False, scale=None, attn_mask=None):
 
 @pytest.fixture
 def calls(monkeypatch):
-    seen = {"kernel": 0, "fallback": []}
-    real_kernel, real_log = router.kernel_attention, router._log_fallback
-
-    def kernel(*a, **k):
-        seen["kernel"] += 1
-        return real_kernel(*a, **k)
-
-    def log(where, reason):
-        seen["fallback"].append(reason)
-        return real_log(where, reason)
-
-    monkeypatch.setattr(router, "kernel_attention", kernel)
-    monkeypatch.setattr(router, "_log_fallback", log)
-    return seen
+    return count_router_calls(monkeypatch)
 
 
 # ------------------------------------------------------------------ 2 gloo processes

@@ -26,7 +26,7 @@ from aiter_sage import hub, jit_driver, ref
 from aiter_sage.integrations import router
 
 import integrations_flux as flux
-from common import REPO, run_as_script
+from common import REPO, count_router_calls, run_as_script
 
 KERNELS_VERSION = "0.17.2"
 SAGE_REPO = "SageAttention/sage-attention"  # what diffusers' sage_hub loads (version 3)
@@ -70,21 +70,7 @@ def repo(tmp_path):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Kernel calls and SDPA fallbacks of the router."""
-    seen = {"kernel": 0, "fallback": []}
-    real_kernel, real_log = router.kernel_attention, router._log_fallback
-
-    def kernel(*a, **k):
-        seen["kernel"] += 1
-        return real_kernel(*a, **k)
-
-    def log(where, reason):
-        seen["fallback"].append(reason)
-        return real_log(where, reason)
-
-    monkeypatch.setattr(router, "kernel_attention", kernel)
-    monkeypatch.setattr(router, "_log_fallback", log)
-    return seen
+    return count_router_calls(monkeypatch)
 
 
 def qkv(b=1, s=96, h=4, d=64, layout="HND", seed=0):
