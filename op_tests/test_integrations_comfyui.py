@@ -106,6 +106,7 @@ def truth(q, k, v, heads, mask=None):
     kt, vt = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (kt, vt))
     if mask is not None:  # [Sq, Skv] for every batch and head; [B, Sq|1, Skv] for every head
         mask = mask[None, None] if mask.ndim == 2 else mask[:, None]
+        mask = mask.float() if mask.is_floating_point() else mask  # the FP32 reference's dtype
     out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
     return out.transpose(1, 2).reshape(b, -1, heads * d)
 
@@ -137,10 +138,7 @@ def test_comfyui_call_runs_the_kernels(sageattention, calls, skip_reshape, kv_he
     assert_band(out, truth(q, k, v, 4))
 
 
-@pytest.mark.parametrize(
-    "kind",
-    ["bool_key_padding_3d", "float_additive_2d"],
-)
+@pytest.mark.parametrize("kind", ["bool_key_padding_3d", "float_additive_2d", "bf16_additive_2d"])
 def test_comfyui_masks_match_sdpa(sageattention, kind):
     """Today: SDPA with the widened mask. Asserted against FP32 SDPA with the same mask, so
     the test holds when masks run on the kernels."""
@@ -148,10 +146,11 @@ def test_comfyui_masks_match_sdpa(sageattention, kind):
     if kind == "bool_key_padding_3d":  # [B, 1, Skv] text padding
         mask = torch.ones(2, 1, 80, dtype=torch.bool)
         mask[0, :, 57:] = False
-    else:  # [Sq, Skv] additive bias with masked keys
+    else:  # [Sq, Skv] additive bias with masked keys, FP32 or in the model's dtype
         mask = torch.zeros(64, 80)
         mask[:, 70:] = -torch.inf
         mask[:, :10] = -2.0
+        mask = mask.to(q.dtype) if kind.startswith("bf16") else mask
     with torch.no_grad():
         out = comfy_attention_sage(sageattention.sageattn, q, k, v, heads=4, mask=mask)
     assert_band(out, truth(q, k, v, 4, mask=mask))

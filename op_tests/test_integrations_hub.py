@@ -124,6 +124,18 @@ def test_cli_build(tmp_path):
     assert "torch-rocm" in res.stdout
 
 
+def test_cli_cache_prints_the_lock_entry(repo, tmp_path, capsys):
+    argv = ["cache", str(repo), "--repo-id", SAGE_REPO, "--cache-dir", str(tmp_path / "c")]
+    assert hub.main(argv) == 0
+    printed = capsys.readouterr().out
+    lock = kernels_rust.KernelLocks.from_json(printed[printed.index("[") :])
+    commit = hub.tree_commit(repo)
+    assert [(d.repo_id, lk.commit) for d, lk in lock.items()] == [(SAGE_REPO, commit)]
+    snapshot = tmp_path / "c" / "kernels--SageAttention--sage-attention"
+    assert (snapshot / "refs" / "v3").read_text() == commit
+    assert (snapshot / "snapshots" / commit / "build" / "torch-cpu" / "metadata.json").is_file()
+
+
 # ------------------------------------------------------------------------------ loading
 def check_module(mod, calls):
     assert mod.sageattn is aiter_sage.sageattn

@@ -56,7 +56,9 @@ _override_noted = []
 
 
 def _note_smooth_k_override() -> None:
-    if _override_noted:
+    import torch  # loaded by now: the shim module exists only once aiter_sage is imported
+
+    if _override_noted or torch.compiler.is_compiling():  # logging would break the graph
         return
     _override_noted.append(True)
     import logging
