@@ -93,7 +93,12 @@ def ranks(tmp_path_factory):
         )
         for r in range(WORLD)
     ]
-    codes = [p.wait(timeout=300) for p in procs]
+    try:
+        codes = [p.wait(timeout=300) for p in procs]
+    finally:  # a rank that hangs (its peer died) must not outlive the test
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     assert codes == [0] * WORLD, f"ranks exited with {codes}"
     return [torch.load(f"{out}.{r}") for r in range(WORLD)]
 

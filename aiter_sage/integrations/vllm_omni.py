@@ -14,16 +14,16 @@ returns ``[B, S, H, D]``), on every platform vLLM-Omni dispatches to (``forward`
 ``forward_hip``/``forward_cuda``): GQA, causal, a key mask from ``attn_metadata.attn_mask``
 (torch SDPA today). vLLM-Omni's ring sequence parallelism has no hook for backends and
 refuses ``SAGE_ATTN`` explicitly; Ulysses hands the backend whole sequences and works.
+
+Loading the plugin imports aiter_sage in each vLLM-Omni process, which loads its torch binding
+(built once per torch version, then cached); where that fails vLLM-Omni logs the plugin as
+failed and goes on without it.
 """
 
 from __future__ import annotations
 
-import logging
-
 from . import router
 from .sageattention_shim import real_sageattention_installed
-
-logger = logging.getLogger("aiter_sage")
 
 BACKEND_MEMBER = "SAGE_ATTN"
 CLASS_PATH = f"{__name__}.AiterSageAttentionBackend"
@@ -109,7 +109,7 @@ def register() -> bool:
     real SageAttention is installed. Safe to call in every process, any number of times;
     returns whether aiter_sage's backend is registered."""
     if real_sageattention_installed():
-        logger.info("vLLM-Omni: SageAttention is installed; SAGE_ATTN stays SageAttention's")
+        router.logger.info("vLLM-Omni: SageAttention is installed; SAGE_ATTN stays its own")
         return False
     from vllm_omni.diffusion.attention.backends.registry import (
         DiffusionAttentionBackendEnum,
