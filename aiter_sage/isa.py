@@ -325,11 +325,17 @@ def classify(mix: LoopMix, mnem: str) -> None:
         mix.salu += 1
 
 
+# EXEC-mask branches skip divergent code; a loop's back edge is uniform (s_branch,
+# s_cbranch_scc*/vcc*). A block placed after the latch may jump back into the loop with an
+# s_cbranch_execz, whose [target, branch] range is not a loop (it misses the loop's head).
+_DIVERGENT_BRANCHES = ("s_cbranch_execz", "s_cbranch_execnz")
+
+
 def main_loop(insns: list) -> Optional[LoopMix]:
-    """The innermost backward branch whose body [target, branch] contains a WMMA."""
+    """The innermost uniform backward branch whose body [target, branch] contains a WMMA."""
     best = None
-    for addr, _, _, tgt in insns:
-        if tgt is None or tgt > addr:
+    for addr, mnem, _, tgt in insns:
+        if tgt is None or tgt > addr or mnem in _DIVERGENT_BRANCHES:
             continue
         body = [i for i in insns if tgt <= i[0] <= addr]
         if not any(i[1].startswith("v_wmma") for i in body):

@@ -15,7 +15,8 @@ metadata) and charges, per loop iteration of one wave, in SIMD clocks:
 and a wave-iteration takes max(busy, vmem, lds, (busy + lat) / w), where w is the number of
 waves the SIMD interleaves: the occupancy (VGPRs, LDS), or fewer when the grid does not fill
 the GPU. Workgroups run in rounds of SIMDs x occupancy waves; a launch costs LAUNCH_SECONDS.
-The L2/DRAM floor (K and V once per resident workgroup of a head) is a floor, not a term.
+Floors: K/V through L2 once per CU's resident workgroups of a head (the L1 reuse), and DRAM
+once per head.
 
 A_VMEM, A_LDS, L_VMEM, L_LDS and L_BARRIER are fitted (``fit``) on carlushuang/gcnasm's
 opus_attn_gfx1201 v0-v11, measured on an RX 9070 XT, with a held-out protocol
@@ -126,6 +127,9 @@ DELAY_ALU_CLOCKS = 4  # s_delay_alu: a VALU dependency (typical RDNA latency, an
 LDS_BYTES_PER_CLK = 128 / SIMDS_PER_CU
 VMEM_BYTES_PER_CLK = 64 / SIMDS_PER_CU
 LAUNCH_SECONDS = 5e-6  # kernel launch and ramp (an assumption, typical of HIP launches)
+# L2 -> CU bandwidth: 16 channels x 64 B/clk for the 256-bit GDDR6 interface (an assumption
+# after the RDNA whitepapers' 64 B/clk L2 channel; AMD gives no RDNA4 figure).
+L2_BYTES_PER_CLK = 16 * 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,7 +228,8 @@ class Prediction:
             f"vector memory {self.vmem:.0f}, LDS {self.lds:.0f}, exposed latency "
             f"{self.latency:.0f} over {self.waves:.1f} waves -> {self.per_iteration:.0f} clk; "
             f"bound: {self.bound}\n"
-            f"  {self.seconds * 1e3:.3f} ms (L2 floor {self.l2_floor_seconds * 1e3:.3f} ms) -> "
+            f"  {self.seconds * 1e3:.3f} ms (K/V L2/DRAM floor "
+            f"{self.l2_floor_seconds * 1e3:.3f} ms) -> "
             f"{self.tflops:.1f} TFLOPS ({self.tflops * (1 - self.band):.0f}-"
             f"{self.tflops * (1 + self.band):.0f})"
         )
@@ -260,7 +265,6 @@ def predict(
     queries_per_group: int,
     cal: Calibration = CALIBRATED,
     band: float = HELD_OUT_ERROR,
-    kv_bytes_per_element: float = 2.0,
 ) -> Prediction:
     """Time and TFLOPS of `k` on `gpu` for `shape`, each workgroup owning `queries_per_group`
     queries (its waves split them evenly)."""
@@ -289,11 +293,7 @@ def predict(
     else:
         seconds = w * iterations * per_iteration
     seconds = seconds / gpu.clock_hz + LAUNCH_SECONDS
-    # L2 floor: every resident workgroup streams its head's K and V once; the vendor DRAM
-    # rate bounds it from below only when the head's K/V does not stay in the 8 MB L2 / 64 MB
-    # Infinity Cache, so this is a floor from the DRAM rate on one read per head.
-    kv_bytes = shape.b * shape.h * shape.s * shape.d * 2 * kv_bytes_per_element
-    l2_floor = kv_bytes / (gpu.vendor_dram_gbs * 1e9)
+    l2_floor = l2_floor_seconds(k, gpu, shape, groups_per_head, iterations * keys)
     seconds = max(seconds, l2_floor)
     return Prediction(
         gpu.name,
@@ -311,6 +311,32 @@ def predict(
         l2_floor,
         shape.flops / seconds / 1e12,
         band,
+    )
+
+
+def kv_traffic(k: Kernel, shape: Shape, groups_per_head: int, keys: float) -> tuple:
+    """(L2 bytes, DRAM bytes) of K/V. Every workgroup streams `keys` keys of its head's K and V
+    (1 byte per element under 8-bit WMMA, else 2). The workgroups of one head resident on one
+    CU share those lines in the CU's vector cache (the L1 reuse that opus_attn_gfx1201's notes
+    found: its one-wave groups' redundant reads never reached L2), so L2 serves each CU's share
+    once; DRAM serves each head once (Q, O and K/V of a head fit the 8 MB L2 / 64 MB Infinity
+    Cache while its groups run)."""
+    lp = k.loop
+    k_bytes = 1 if lp.get("wmma_iu8", 0) else 2
+    v_bytes = 1 if lp.get("wmma_fp8", 0) else 2
+    groups = shape.b * shape.h * groups_per_head
+    groups_per_cu = max(1, k.waves_per_simd * SIMDS_PER_CU // k.waves_per_group)
+    reuse = min(groups_per_cu, groups_per_head)
+    l2_bytes = groups * keys * shape.d * (k_bytes + v_bytes) / reuse
+    dram_bytes = shape.b * shape.h * shape.s * shape.d * (k_bytes + v_bytes + 2 + 2)
+    return l2_bytes, dram_bytes
+
+
+def l2_floor_seconds(k: Kernel, gpu: Gpu, shape: Shape, groups_per_head: int, keys: float) -> float:
+    """The K/V floor: kv_traffic at L2_BYTES_PER_CLK and at the vendor DRAM rate, the larger."""
+    l2_bytes, dram_bytes = kv_traffic(k, shape, groups_per_head, keys)
+    return max(
+        l2_bytes / (L2_BYTES_PER_CLK * gpu.clock_hz), dram_bytes / (gpu.vendor_dram_gbs * 1e9)
     )
 
 

@@ -105,6 +105,26 @@ def test_gpus_side_by_side():
     assert r9.clock_hz / rx.clock_hz == pytest.approx(2.92 / 2.97)
 
 
+def test_l1_reuse_of_resident_groups(protocol):
+    """The K/V floor counts L2 traffic once per CU's resident groups of a head: v11 (one-wave
+    groups, 10 waves per SIMD: 20 groups per CU) has 1/20 of the traffic of its groups' sum,
+    and that floor stays far below its measured time, as the opus notes found (the L1 absorbed
+    the redundant reads)."""
+    cal, _ = protocol
+    data = cal.load()
+    p = {q.label: q for q in cal.points(data)}["v11 B1 H32 N2048"]
+    k = p.kernel
+    groups_per_head = p.shape.s // p.queries_per_group
+    keys = p.shape.s
+    l2, _ = perf_model.kv_traffic(k, p.shape, groups_per_head, keys)
+    alone = perf_model.Kernel(k.name, k.vgprs, 1, k.threads, k.loop)  # 2 groups per CU
+    l2_alone, _ = perf_model.kv_traffic(alone, p.shape, groups_per_head, keys)
+    assert k.waves_per_simd == 10 and l2_alone / l2 == pytest.approx(10)
+    floor = perf_model.l2_floor_seconds(k, perf_model.RX9070XT, p.shape, groups_per_head, keys)
+    measured_seconds = p.shape.flops / (p.measured_tflops * 1e12)
+    assert floor < 0.1 * measured_seconds
+
+
 # A loop of our own: each step loads one bf16 A and B fragment per lane and runs 4 WMMAs.
 BF16_KERNEL = r"""
 typedef short v8s __attribute__((ext_vector_type(8)));
