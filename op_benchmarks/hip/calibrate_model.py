@@ -110,6 +110,16 @@ def run_protocol(data: dict, toolchain: str = TOOLCHAIN, held_out=HELD_OUT) -> P
     return Protocol(cal, held, final, errors(final, points(data, None, toolchain)))
 
 
+def leave_one_out(data: dict, toolchain: str = TOOLCHAIN) -> list:
+    """[(point, predicted, error)] of every version predicted by a fit on the other eleven."""
+    versions = sorted(int(v) for v in data["kernels"])
+    rows = []
+    for v in versions:
+        cal = perf_model.fit(points(data, [u for u in versions if u != v], toolchain))
+        rows += errors(cal, points(data, [v], toolchain))
+    return rows
+
+
 def table(rows, held_out=()) -> str:
     lines = [
         "| version | shape | predicted TFLOPS | measured TFLOPS | error |",
@@ -161,6 +171,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--extract", type=Path, help="opus_attn_gfx1201 folder to compile")
     ap.add_argument("--toolchain", default=TOOLCHAIN, choices=("rocm72", "clang19"))
+    ap.add_argument(
+        "--loo", action="store_true", help="also leave each version out in turn (12 fits)"
+    )
     args = ap.parse_args(argv)
     data = load()
     if args.extract:
@@ -181,6 +194,12 @@ def main(argv=None) -> int:
     print(table(pr.held_out_rows, HELD_OUT))
     print("\nfinal fit, every point:")
     print(table(pr.final_rows, HELD_OUT))
+    if args.loo:
+        rows = leave_one_out(data, args.toolchain)
+        rho = perf_model.spearman([r[1] for r in rows], [r[0].measured_tflops for r in rows])
+        med = statistics.median(abs(r[2]) for r in rows)
+        print(f"\nleave one version out: median |error| {100 * med:.1f} %, Spearman {rho:.2f}")
+        print(table(rows))
     return 0
 
 

@@ -13,6 +13,7 @@ calibration's median held-out error. A prediction, not a measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -74,12 +75,50 @@ def table(ks, gpu) -> str:
     return "\n".join(lines)
 
 
+def sensitivity(ks, gpu=perf_model.R9700, b=1, h=24, s=16384) -> str:
+    """The D128 FP8 prediction with each fitted cost halved / raised by half, and with the
+    fixed issue costs moved to the ends of what the measurements allow."""
+    main = perf_model.Kernel.from_report(next(k for k in ks if k.name == MAIN))
+    shape = perf_model.Shape(b, h, s, 128)
+
+    def tflops(cal=perf_model.CALIBRATED):
+        return perf_model.predict(main, gpu, shape, QUERIES_PER_GROUP, cal).tflops
+
+    base = tflops()
+    lines = [f"| change | TFLOPS | vs {base:.0f} |", "|---|---:|---:|"]
+    for field in dataclasses.fields(perf_model.Calibration):
+        for factor in (0.5, 1.5):
+            value = getattr(perf_model.CALIBRATED, field.name) * factor
+            t = tflops(dataclasses.replace(perf_model.CALIBRATED, **{field.name: value}))
+            lines.append(f"| {field.name} x{factor} | {t:.0f} | {100 * (t / base - 1):+.0f} % |")
+    fixed = (
+        ("TRANS_CLOCKS", 1.0, "exp fully hidden beside WMMA"),
+        ("TRANS_CLOCKS", 4.0, "exp at the quarter rate, not hidden"),
+        ("WMMA8_CLOCKS", 10, "8-bit WMMA 20 % below the vendor rate"),
+    )
+    for name, value, why in fixed:
+        saved = getattr(perf_model, name)
+        setattr(perf_model, name, value)
+        try:
+            t = tflops()
+        finally:
+            setattr(perf_model, name, saved)
+        lines.append(f"| {name} = {value} ({why}) | {t:.0f} | {100 * (t / base - 1):+.0f} % |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--toolchain", default="rocm72", choices=("rocm72", "clang19"))
     ap.add_argument("--source", type=Path, default=ROOT / "csrc" / "gfx12" / "attention.hip")
+    ap.add_argument(
+        "--sensitivity", action="store_true", help="the D128 FP8 prediction's sensitivity"
+    )
     args = ap.parse_args(argv)
     ks = kernels(args.source, args.toolchain)
+    if args.sensitivity:
+        print(sensitivity(ks))
+        return 0
     band = perf_model.HELD_OUT_ERROR
     for gpu in (perf_model.R9700, perf_model.RX9070XT):
         print(
