@@ -711,6 +711,7 @@ def print_calibrated(args, results: dict) -> int:
         gpu,
         perf_model.Shape(b, h, s, d, args.causal),
         args.queries_per_group,
+        rescale=args.rescale,
     )
     print(pr.line())
     print(pr.breakdown())
@@ -768,6 +769,13 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_true", help="with --shape: causal attention")
     ap.add_argument(
         "--kernel", help="with --shape: the kernel to model (default: the first with a WMMA loop)"
+    )
+    ap.add_argument(
+        "--rescale",
+        choices=("always", "iid", "never"),
+        default="always",
+        help="with --shape: how often the loop's skippable rescale branch runs (iid: for "
+        "independent random scores)",
     )
     ap.add_argument(
         "--rocm-codegen",

@@ -125,6 +125,25 @@ def test_l1_reuse_of_resident_groups(protocol):
     assert floor < 0.1 * measured_seconds
 
 
+def test_iid_rescale_fraction_matches_a_simulation():
+    """The share of 32-key tiles in which some of a wave's 32 queries raises its running max,
+    against random scores drawn and counted directly."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    queries, tile, tiles, trials = 32, 32, 64, 40
+    raised = 0
+    for _ in range(trials):
+        tile_max = rng.standard_normal((queries, tiles, tile)).max(axis=2)
+        running = np.maximum.accumulate(tile_max, axis=1)
+        moved = np.ones(tiles, bool)  # the first tile always sets the max
+        moved[1:] = (running[:, 1:] > running[:, :-1]).any(axis=0)
+        raised += moved.sum()
+    simulated = raised / (trials * tiles)
+    model = perf_model.iid_rescale_fraction(tiles * tile, tile, queries)
+    assert model == pytest.approx(simulated, abs=0.02), (model, simulated)
+
+
 # A loop of our own: each step loads one bf16 A and B fragment per lane and runs 4 WMMAs.
 BF16_KERNEL = r"""
 typedef short v8s __attribute__((ext_vector_type(8)));
