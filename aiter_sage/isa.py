@@ -129,6 +129,7 @@ class LoopMix:
     wmma_iu8: int = 0
     wmma_fp8: int = 0
     wmma_f16: int = 0  # 16-bit WMMA (FP16 P·V): twice the clocks of an 8-bit one
+    wmma_bf16: int = 0  # v_wmma_f32_16x16x16_bf16 (16-bit: the FP16 rate)
     wmma_other: int = 0
     valu: int = 0
     trans: int = 0
@@ -142,15 +143,27 @@ class LoopMix:
     vopd: int = 0  # v_dual_* (two VALU ops issued as one instruction; counted once)
     delay_alu: int = 0  # s_delay_alu: a dependency stall the compiler could not schedule away
     rescale_valu: int = 0  # VALU inside the loop's EXEC-masked rescale branch (skippable)
+    # Memory traffic and waits (what the calibrated model charges, aiter_sage/perf_model.py)
+    vmem_bytes: int = 0  # bytes per lane of the global loads
+    vmem_narrow: int = 0  # global loads of < 4 bytes per lane (strided gathers: u8/u16/d16)
+    lds_bytes: int = 0  # bytes per lane of the LDS loads, stores and permutes
+    scratch_bytes: int = 0  # bytes per lane of the scratch (spill / private array) accesses
+    wait_vmem: int = 0  # waits on vector memory (s_wait_loadcnt*, s_wait_storecnt, vmcnt)
+    wait_lds: int = 0  # waits on LDS (s_wait_dscnt, s_wait_loadcnt_dscnt counts in both)
+    wait_alu: int = 0  # s_wait_alu (a VALU/SALU hazard wait; ROCm's LLVM emits them)
 
     @property
     def wmma(self) -> int:
-        return self.wmma_iu8 + self.wmma_fp8 + self.wmma_f16 + self.wmma_other
+        return self.wmma_iu8 + self.wmma_fp8 + self.wmma_16bit + self.wmma_other
+
+    @property
+    def wmma_16bit(self) -> int:
+        return self.wmma_f16 + self.wmma_bf16
 
     def wmma_clocks(self, wmma_cycles: int = 8) -> int:
         """SIMD clocks of the loop's WMMAs: `wmma_cycles` per 8-bit one, twice that per 16-bit
-        one (the FP16 rate is half the 8-bit rate: 1024 vs 2048 ops/clk/CU)."""
-        return (self.wmma - self.wmma_f16) * wmma_cycles + self.wmma_f16 * 2 * wmma_cycles
+        one (the FP16/BF16 rate is half the 8-bit rate: 1024 vs 2048 ops/clk/CU)."""
+        return (self.wmma - self.wmma_16bit) * wmma_cycles + self.wmma_16bit * 2 * wmma_cycles
 
     def wmma_cycle_share(self, wmma_cycles: int = 8, skip_rescale: bool = False) -> float:
         """Share of the SIMD's vector issue cycles spent in WMMA, assuming a 16x16x16 8-bit
@@ -245,6 +258,30 @@ def disassemble(co: Path, arch: str) -> dict:
     return funcs
 
 
+_ACCESS_BYTES = {"b128": 16, "b96": 12, "b64": 8, "b32": 4, "u16": 2, "i16": 2, "b16": 2}
+
+
+def access_bytes(mnem: str) -> int:
+    """Bytes per lane of a memory instruction, from its mnemonic's width suffix
+    (global_load_b128: 16, global_load_d16_hi_b16: 2, ds_bpermute_b32: 4, *_u8/_i8: 1)."""
+    for suffix, n in _ACCESS_BYTES.items():
+        if mnem.endswith(suffix):
+            return n
+    if mnem.endswith(("u8", "i8")):
+        return 1
+    return 4
+
+
+def _classify_wait(mix: LoopMix, mnem: str) -> None:
+    if mnem == "s_wait_alu":
+        mix.wait_alu += 1
+        return
+    if "loadcnt" in mnem or "storecnt" in mnem or "samplecnt" in mnem or "vmcnt" in mnem:
+        mix.wait_vmem += 1
+    if "dscnt" in mnem or "lgkmcnt" in mnem:
+        mix.wait_lds += 1
+
+
 def classify(mix: LoopMix, mnem: str) -> None:
     mix.instructions += 1
     if mnem.startswith("v_wmma"):
@@ -252,6 +289,8 @@ def classify(mix: LoopMix, mnem: str) -> None:
             mix.wmma_iu8 += 1
         elif "fp8" in mnem or "bf8" in mnem:
             mix.wmma_fp8 += 1
+        elif mnem.endswith("_bf16"):  # v_wmma_f32_16x16x16_bf16
+            mix.wmma_bf16 += 1
         elif mnem.endswith("_f16"):  # v_wmma_f32_16x16x16_f16
             mix.wmma_f16 += 1
         else:
@@ -264,14 +303,20 @@ def classify(mix: LoopMix, mnem: str) -> None:
             mix.vopd += 1
     elif mnem.startswith("ds_"):
         mix.lds += 1
+        mix.lds_bytes += access_bytes(mnem)
     elif mnem.startswith(("global_load", "buffer_load", "flat_load")):
         mix.global_load += 1
+        width = access_bytes(mnem)
+        mix.vmem_bytes += width
+        mix.vmem_narrow += width < 4
     elif mnem.startswith(("global_store", "buffer_store", "flat_store")):
         mix.global_store += 1
     elif mnem.startswith("scratch_"):
         mix.scratch += 1
+        mix.scratch_bytes += access_bytes(mnem)
     elif mnem.startswith(("s_waitcnt", "s_wait_")):  # gfx12 split counters: s_wait_loadcnt, ...
         mix.waitcnt += 1
+        _classify_wait(mix, mnem)
     elif mnem.startswith("s_barrier"):
         mix.barrier += 1
     elif mnem == "s_delay_alu":
@@ -280,11 +325,17 @@ def classify(mix: LoopMix, mnem: str) -> None:
         mix.salu += 1
 
 
+# EXEC-mask branches skip divergent code; a loop's back edge is uniform (s_branch,
+# s_cbranch_scc*/vcc*). A block placed after the latch may jump back into the loop with an
+# s_cbranch_execz, whose [target, branch] range is not a loop (it misses the loop's head).
+_DIVERGENT_BRANCHES = ("s_cbranch_execz", "s_cbranch_execnz")
+
+
 def main_loop(insns: list) -> Optional[LoopMix]:
-    """The innermost backward branch whose body [target, branch] contains a WMMA."""
+    """The innermost uniform backward branch whose body [target, branch] contains a WMMA."""
     best = None
-    for addr, _, _, tgt in insns:
-        if tgt is None or tgt > addr:
+    for addr, mnem, _, tgt in insns:
+        if tgt is None or tgt > addr or mnem in _DIVERGENT_BRANCHES:
             continue
         body = [i for i in insns if tgt <= i[0] <= addr]
         if not any(i[1].startswith("v_wmma") for i in body):
@@ -309,11 +360,58 @@ def main_loop(insns: list) -> Optional[LoopMix]:
     return mix
 
 
-def compile_source(src: Path, arch: str, work: Path, includes=()) -> Path:
+def compile_source(
+    src: Path, arch: str, work: Path, includes=(), rocm_codegen: bool = False, defines=()
+) -> Path:
     """A HIP source compiled for `arch` with the flags of the gfx12 modules (csrc/gfx12/README:
-    -O3 -std=c++17 -nogpulib, the repository's include dirs) into a device code object."""
+    -O3 -std=c++17 -nogpulib, the repository's include dirs) into a device code object.
+    rocm_codegen: clang-19's bitcode lowered by ROCm 7.2's AMDGPU backend instead
+    (aiter_sage.rocm_llvm; a relocatable object, read the same way)."""
     root = Path(__file__).resolve().parent.parent
     co = work / f"{src.stem}.{arch}.co"
+    if rocm_codegen:
+        from . import rocm_llvm
+
+        bc = work / f"{src.stem}.{arch}.bc"
+        cmd = _clang_device_cmd(root, arch, includes, defines, work) + [
+            "-emit-llvm",
+            str(src),
+            "-o",
+            str(bc),
+        ]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        return rocm_llvm.codegen(bc, arch, work / f"{src.stem}.{arch}.rocm.o")
+    cmd = _clang_device_cmd(root, arch, includes, defines, work) + ["--no-gpu-bundle-output"]
+    subprocess.run(cmd + [str(src), "-o", str(co)], check=True, capture_output=True, text=True)
+    return co
+
+
+# Device definitions of the ockl entry points that Debian's HIP 5.2 headers call for threadIdx,
+# blockIdx, blockDim and __syncthreads (Debian has no gfx12 device libraries, so -nogpulib):
+# the builtins they stand for. Force-included into every --source compile (our own kernels
+# never call them: csrc/include/sage/platform.h uses the builtins directly).
+OCKL_PRELUDE = """#pragma once
+extern "C" __attribute__((device)) inline unsigned long __ockl_get_local_id(unsigned d) {
+  return d == 0 ? __builtin_amdgcn_workitem_id_x()
+       : d == 1 ? __builtin_amdgcn_workitem_id_y() : __builtin_amdgcn_workitem_id_z();
+}
+extern "C" __attribute__((device)) inline unsigned long __ockl_get_group_id(unsigned d) {
+  return d == 0 ? __builtin_amdgcn_workgroup_id_x()
+       : d == 1 ? __builtin_amdgcn_workgroup_id_y() : __builtin_amdgcn_workgroup_id_z();
+}
+extern "C" __attribute__((device)) inline unsigned long __ockl_get_local_size(unsigned d) {
+  return d == 0 ? __builtin_amdgcn_workgroup_size_x()
+       : d == 1 ? __builtin_amdgcn_workgroup_size_y() : __builtin_amdgcn_workgroup_size_z();
+}
+extern "C" __attribute__((device)) inline void __atomic_work_item_fence(unsigned, int, int) {
+  __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "workgroup");
+}
+"""
+
+
+def _clang_device_cmd(root: Path, arch: str, includes, defines, work: Path) -> list:
+    prelude = work / "sage_ockl_prelude.h"
+    prelude.write_text(OCKL_PRELUDE)
     clang = tool("clang++") or "clang++"
     cmd = [
         clang,
@@ -324,16 +422,17 @@ def compile_source(src: Path, arch: str, work: Path, includes=()) -> Path:
         "-O3",
         "-std=c++17",
         "--cuda-device-only",
-        "--no-gpu-bundle-output",
+        "-include",
+        "hip/hip_runtime.h",
+        "-include",
+        str(prelude),
         "-c",
         "-I",
         str(root / "csrc"),
         "-I",
         str(root / "csrc" / "include"),
     ]
-    cmd += [a for inc in includes for a in ("-I", inc)] + [str(src), "-o", str(co)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return co
+    return cmd + [a for inc in includes for a in ("-I", inc)] + [f"-D{d}" for d in defines]
 
 
 def analyze_so(so: Path, arch: str) -> list:
@@ -393,7 +492,11 @@ R9700 = GpuSpec(
     dense_8bit_ops=383e12,
     dram_bytes_s=640e9,
 )
-GPUS = {"r9700": R9700}
+# Radeon RX 9070 XT (same Navi 48 die): 389 TOPS dense INT8 at its 2.97 GHz boost (AMD).
+RX9070XT = GpuSpec(
+    "Radeon RX 9070 XT", cus=64, clock_hz=2.97e9, dense_8bit_ops=389e12, dram_bytes_s=640e9
+)
+GPUS = {"r9700": R9700, "rx9070xt": RX9070XT}
 
 # A 16x16x16 8-bit WMMA is 4096 multiply-adds = 8192 ops; at 2048 ops/clk/CU over 2 SIMDs per CU
 # it holds its SIMD 8 clocks (AMD: 383 TOPS / 64 CUs / 2.92 GHz). LLVM's gfx1201 scheduling
@@ -570,6 +673,7 @@ def format_report(arch: str, results: dict) -> str:
             out.append(
                 f"    main loop 0x{lp.start:x}-0x{lp.end:x}: {lp.instructions} instructions: "
                 f"iu8 WMMA {lp.wmma_iu8}, fp8 WMMA {lp.wmma_fp8}, f16 WMMA {lp.wmma_f16}, "
+                f"bf16 WMMA {lp.wmma_bf16}, "
                 f"VALU {lp.valu}, "
                 f"transcendental {lp.trans}, LDS {lp.lds}, global loads "
                 f"{lp.global_load}, global stores {lp.global_store}, s_wait* "
@@ -587,6 +691,31 @@ def format_report(arch: str, results: dict) -> str:
                 f"(8 clk per 8-bit WMMA, 16 per 16-bit, 1 per other)"
             )
     return "\n".join(out)
+
+
+def print_calibrated(args, results: dict) -> int:
+    """The calibrated model's prediction (one `predicted_tflops: X` line, then its breakdown)
+    for one kernel of `results`."""
+    from . import perf_model
+
+    b, h, s, d = (int(x) for x in args.shape.split(","))
+    kernels = [k for ks in results.values() for k in ks if k.loop is not None and k.loop.wmma]
+    if args.kernel:
+        kernels = [k for k in kernels if k.name == args.kernel]
+    if not kernels:
+        print("no kernel with a WMMA main loop to model", file=sys.stderr)
+        return 2
+    gpu = perf_model.GPUS[args.model or "r9700"]
+    pr = perf_model.predict(
+        perf_model.Kernel.from_report(kernels[0]),
+        gpu,
+        perf_model.Shape(b, h, s, d, args.causal),
+        args.queries_per_group,
+        rescale=args.rescale,
+    )
+    print(pr.line())
+    print(pr.breakdown())
+    return 0
 
 
 def main(argv=None) -> int:
@@ -632,6 +761,28 @@ def main(argv=None) -> int:
         "WMMAs; default for --source/--code-object: --queries-per-group)",
     )
     ap.add_argument("--seq", type=int, default=16384, help="S for the model")
+    ap.add_argument(
+        "--shape",
+        help="B,H,S,D: print the calibrated model's `predicted_tflops: X` and its breakdown "
+        "(aiter_sage/perf_model.py) instead of the ISA report",
+    )
+    ap.add_argument("--causal", action="store_true", help="with --shape: causal attention")
+    ap.add_argument(
+        "--kernel", help="with --shape: the kernel to model (default: the first with a WMMA loop)"
+    )
+    ap.add_argument(
+        "--rescale",
+        choices=("always", "iid", "never"),
+        default="always",
+        help="with --shape: how often the loop's skippable rescale branch runs (iid: for "
+        "independent random scores)",
+    )
+    ap.add_argument(
+        "--rocm-codegen",
+        action="store_true",
+        help="--source: lower clang-19's bitcode with ROCm 7.2's AMDGPU backend "
+        "(rocm-llvm-python; the calibration's toolchain)",
+    )
     args = ap.parse_args(argv)
     missing = [
         t
@@ -650,12 +801,16 @@ def main(argv=None) -> int:
         results = {}
         with tempfile.TemporaryDirectory() as tmp:
             for src in args.source:
-                co = compile_source(Path(src), args.arch, Path(tmp), args.include)
+                co = compile_source(
+                    Path(src), args.arch, Path(tmp), args.include, args.rocm_codegen
+                )
                 results[Path(src)] = analyze_code_object(co, args.arch)
             for co in args.code_object:
                 results[Path(co)] = analyze_code_object(Path(co), args.arch)
     else:
         results = report(args.arch, args.so)
+    if args.shape:
+        return print_calibrated(args, results)
     print(format_report(args.arch, results))
     if args.model:
         print(f"\nPerformance model ({args.model}): a PREDICTION from the ISA, not a measurement")

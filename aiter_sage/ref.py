@@ -40,7 +40,13 @@ Attention (log2 domain; the kernels follow the same steps, their tile sizes may 
     P * 448 up to a factor 1 - 3.3e-6 that cancels in acc / l, and provably <= 448 (see
     EXP_OFFSET), so no clamp: a NaN score makes its row NaN.
   * P8 = e4m3fn(P'); acc = acc * alpha + P8 . V8 with FP32 accumulation of exact products.
-  * O = acc / l * s_v, rounded to BF16. Rows >= the query length are zero in the
+  * O = acc / l * s_v, rounded to BF16 (round to nearest even), saturating (see "Finite
+    input"): r = acc / l is the P-weighted mean of the V codes, so with e4m3 codes |r| <= 448;
+    P's rounding (e4m3 P8, which l does not see) carries it up to ~0.8 % past that, so FP8 V
+    first clamps r to +-448 (:func:`saturate_finite`: a projection onto an interval that holds
+    the exact mean, which never adds error; without it, BF16 V at its maximum makes r * s_v
+    overflow FP32). Then O = r * s_v is clamped to +-the largest finite value of the output
+    dtype (FP16 65504, BF16 0x7f7f) and rounded. Rows >= the query length are zero in the
     padded output of ``gfx1201_sage_attention_fwd``.
 
 Contract v2 (keyword-only options; each default is upstream's behaviour)
@@ -79,6 +85,15 @@ FP16 P.V (``pv_dtype="fp16"``, keyword-only on prepare and attention; default "f
     accumulation. P' <= 448 and its FP16 rounding keeps 11 significant bits down to 2^-14
     (relative weights to ~1e-7 of the row max, where e4m3 flushes below 2^-9 / 448 = 4.4e-6):
     what keeps long rows (100k+ keys, many small weights) accurate.
+
+Finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
+  * Finite inputs give finite outputs. The exact attention of a row is a mean of its V rows,
+    representable in the input dtype, yet the quantized P and V carry O a little past |V|'s
+    maximum (FP16 V at 65504: up to 66000 with e4m3 P, which rounds to inf; BF16 V at its
+    maximum: past FP32's range). Every backend therefore clamps the FP8 mode's code mean to
+    +-448 and saturates O to +-the output dtype's largest finite value where it is finite,
+    the steps of :func:`attention_from_prepared`; NaN stays NaN and +-inf stays +-inf (an inf
+    comes only from a non-finite V scale, i.e. non-finite input, below).
 
 Non-finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
   * A row that FP32 SDPA makes non-finite is non-finite in ours, and a row we return finite is
@@ -506,7 +521,10 @@ def attention_from_prepared(
         acc = acc * alpha[..., None] + pr @ v8[..., j0:j1].transpose(-1, -2)
         m = m_new
     v_scale = p.v_scale.cpu().repeat_interleave(group, dim=1)
-    o = acc / l[..., None] * v_scale[:, :, None, :]
+    code_mean = acc / l[..., None]
+    if not fp16_pv:  # the mean of e4m3 codes (or of their int8 re-quantization) is <= 448
+        code_mean = saturate_finite(code_mean, FP8_MAX)
+    o = saturate_finite(code_mean * v_scale[:, :, None, :], torch.finfo(out_dtype).max)
     o = o[:, :, :q_len, : (head_dim or d)].permute(0, 2, 1, 3).to(out_dtype).contiguous()
     if not return_lse:
         return o
@@ -514,6 +532,12 @@ def attention_from_prepared(
     if lse_corr is not None:
         lse2 = lse2 + lse_corr.cpu().float()
     return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
+
+
+def saturate_finite(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """x clamped to [-bound, bound] where it is finite; +-inf and NaN pass unchanged (the
+    kernels' sage::saturate_finite)."""
+    return torch.where(torch.isfinite(x), x.clamp(-bound, bound), x)
 
 
 def _exp2_code(x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,11 @@ One figure per backend, each a speed panel and an accuracy-versus-length panel:
   cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
           avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
   cuda    op_benchmarks/hip/h200_bench_{d128,d64,fp16}.csv (one H200, run_h200.sh)
-  gfx12   a PREDICTION: the TFLOPS printed by `python3 -m aiter_sage.isa --arch gfx1201
-          --model r9700 --seq S` for each S (run here, so a recalibrated model re-renders with
-          this one command), and the gfx12 arithmetic model's rows of accuracy_vs_seqlen.csv
+  gfx12   a PREDICTION: the calibrated model's TFLOPS (aiter_sage/perf_model.py, what
+          `python3 -m aiter_sage.isa --arch gfx1201 --model r9700 --shape B,H,S,D
+          --queries-per-group 128` prints) for each S, with its held-out error as the band
+          (computed here, so a recalibrated model re-renders with this one command), and the
+          gfx12 arithmetic model's rows of accuracy_vs_seqlen.csv
 
 plus accuracy_vs_seqlen.png (every row of that CSV). Needs matplotlib (rendering only; the
 tests do not import this file):
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -45,11 +45,7 @@ PREDICTED_KERNELS = (
     ("D 64, FP8 P·V", "sage_attention_fwd_kernel_d64"),
     ("D 128, FP16 P·V", "sage_attention_fwd_kernel_pv16"),
 )
-PREDICTION_LINE = re.compile(
-    r"^  (\w+): PREDICTION for .*?S=(\d+) D=\d+, rescale (executed|skipped).*\n.*\n"
-    r".*-> (\d+) TFLOPS",
-    re.M,
-)
+QUERIES_PER_GROUP = 128  # csrc/gfx12/attention.hip AttnTraits::kQueriesPerGroup
 
 
 def _rows(path: Path) -> list[dict]:
@@ -162,19 +158,29 @@ def render_cuda(plt) -> None:
 
 
 def predicted_tflops(seqs=PREDICTION_SEQS) -> dict:
-    """{(kernel, S, rescale executed?): TFLOPS} as `python3 -m aiter_sage.isa` prints them."""
+    """{(kernel, S): (TFLOPS, band)} of the calibrated model on the R9700, for the kernels
+    clang-19 builds from csrc/gfx12/attention.hip (the JIT's code without ROCm)."""
+    import tempfile
+
+    sys.path.insert(0, str(REPO))
+    from aiter_sage import isa, perf_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src = REPO / "csrc" / "gfx12" / "attention.hip"
+        co = isa.compile_source(src, "gfx1201", Path(tmp))
+        kernels = {k.name: k for k in isa.analyze_code_object(co, "gfx1201")}
     found = {}
-    for s in seqs:
-        out = subprocess.run(
-            [sys.executable, "-m", "aiter_sage.isa", "--arch", "gfx1201", "--model", "r9700"]
-            + ["--seq", str(s)],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        for kernel, seq, rescale, tflops in PREDICTION_LINE.findall(out):
-            found[(kernel, int(seq), rescale == "executed")] = float(tflops)
+    for _label, name in PREDICTED_KERNELS:
+        d = 64 if "_d64" in name else 128
+        for s in seqs:
+            shape = perf_model.Shape(1, 24, s, d, False)
+            pr = perf_model.predict(
+                perf_model.Kernel.from_report(kernels[name]),
+                perf_model.R9700,
+                shape,
+                QUERIES_PER_GROUP,
+            )
+            found[(name, s)] = (pr.tflops, pr.band)
     return found
 
 
@@ -182,17 +188,13 @@ def render_gfx12(plt) -> None:
     pred = predicted_tflops()
     fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4))
     for i, (label, kernel) in enumerate(PREDICTED_KERNELS):
-        every = [pred[(kernel, s, True)] for s in PREDICTION_SEQS]
-        never = [pred[(kernel, s, False)] for s in PREDICTION_SEQS]
-        speed.fill_between(PREDICTION_SEQS, every, never, color=f"C{i}", alpha=0.3)
+        mid = [pred[(kernel, s)][0] for s in PREDICTION_SEQS]
+        lo = [t * (1 - pred[(kernel, s)][1]) for s, t in zip(PREDICTION_SEQS, mid)]
+        hi = [t * (1 + pred[(kernel, s)][1]) for s, t in zip(PREDICTION_SEQS, mid)]
+        speed.fill_between(PREDICTION_SEQS, lo, hi, color=f"C{i}", alpha=0.25)
         speed.plot(
-            PREDICTION_SEQS,
-            every,
-            "-o",
-            color=f"C{i}",
-            label=f"{label} (rescale every tile / never)",
+            PREDICTION_SEQS, mid, "-o", color=f"C{i}", label=f"{label} (band: held-out error)"
         )
-        speed.plot(PREDICTION_SEQS, never, "-", color=f"C{i}")
     speed.axhspan(
         *GFX1201_SDPA_TFLOPS,
         color="grey",
@@ -211,7 +213,7 @@ def render_gfx12(plt) -> None:
     speed.set_ylabel("predicted TFLOPS")
     speed.set_title(
         "PREDICTION, not a measurement: gfx12 kernels on an R9700\n"
-        "(`python3 -m aiter_sage.isa --model r9700`)",
+        "(calibrated model, `python3 -m aiter_sage.isa --shape ...`)",
         color="darkred",
     )
     speed.grid(True, which="both", alpha=0.3)

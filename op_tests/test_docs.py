@@ -130,9 +130,31 @@ def test_quoted_predictions_are_the_model(gfx1201_kernels):
     for label, tflops, tail in rows:
         d = 64 if label.startswith("D64") else 128
         assert (tflops, tail) == _predicted(gfx1201_kernels[_attention_kernel(label)], d), label
-    every, _ = _predicted(gfx1201_kernels["sage_attention_fwd_kernel"], 128)
-    low, high = every.split(" / ")
-    assert f"puts the R9700 at {low}–{high}" in " ".join(README.read_text().split())
+
+
+def test_quoted_calibrated_prediction_is_the_model(gfx1201_kernels):
+    """The README's and csrc/gfx12/README.md's R9700 figure for the D128 FP8 kernel at B1 H24
+    S16384 is the calibrated model's, for ROCm 7.2's code (and clang-19's in brackets), with
+    the calibration's band."""
+    from aiter_sage import perf_model
+
+    from test_isa import _rocm_reports
+
+    rocm = _rocm_reports("attention.hip")  # {kernel name: report}
+    name = "sage_attention_fwd_kernel"
+    shape = perf_model.Shape(1, 24, 16384, 128, False)
+
+    def predicted(k):
+        return perf_model.predict(perf_model.Kernel.from_report(k), perf_model.R9700, shape, 128)
+
+    r, c = predicted(rocm[name]), predicted(gfx1201_kernels[name])
+    text = " ".join(README.read_text().split())
+    assert f"predicted at {r.tflops:.0f} TFLOPS at B1 H24 S16384" in text
+    assert f"({r.tflops * (1 - r.band):.0f}–{r.tflops * (1 + r.band):.0f}:" in text
+    assert f"{c.tflops:.0f} with clang-19's code" in text
+    rows = _table_rows(GFX12_README.read_text(), "kernel | B1 H24 S4k")
+    cell = dict((row[0], row[2]) for row in rows)[f"D128 FP8 (`{name}`)"]
+    assert cell == f"{r.tflops:.0f} ({c.tflops:.0f})", cell
 
 
 if __name__ == "__main__":

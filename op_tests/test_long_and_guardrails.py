@@ -199,6 +199,128 @@ def test_large_v_in_band(target):
         assert ref.in_band(acc), (mode, ref.band_failures(acc))
 
 
+# ---- finite input at the formats' maximum -----------------------------------------------------
+BF16_MAX = torch.finfo(torch.bfloat16).max
+# V's largest value: each format's maximum and a value just below it (FP16 65280 = 65504 - 7
+# ulps; BF16 0x7f7e, 1 ulp below 0x7f7f), where the quantized P and V carry O past it.
+V_AT_MAX = [
+    pytest.param(torch.float16, 65504.0, id="fp16-max"),
+    pytest.param(torch.float16, 65280.0, id="fp16-65280"),
+    pytest.param(torch.bfloat16, BF16_MAX, id="bf16-max"),
+    pytest.param(
+        torch.bfloat16,
+        float(torch.tensor(0x7F7E, dtype=torch.int16).view(torch.bfloat16)),
+        id="bf16-below-max",
+    ),
+]
+
+
+def _v_at_max(dtype, v_max, s, h, d=128, *, seed):
+    """[1, S, H, D] V whose first D/2 channels are constant +-v_max (their exact attention is
+    +-v_max in every row) and the others uniform in [-v_max, v_max] with key 0 at v_max (so
+    every channel's V scale is v_max / 448)."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.rand((1, s, h, d), generator=g) * 2 - 1
+    sign = torch.where(torch.rand((1, 1, h, d // 2), generator=g) < 0.5, -1.0, 1.0)
+    v[..., : d // 2] = sign
+    v[:, 0, :, d // 2 :] = 1.0
+    return (v * v_max).to(dtype)
+
+
+def _sdpa64(q, k, v):
+    """Float64 SDPA: exact enough, and free of FP32's overflow. (FP32 SDPA itself gives +-inf
+    at the BF16 maximum: it sums the unnormalized weights, up to 1 each, times V before it
+    divides by their sum.)"""
+    t = lambda x: x.double().transpose(1, 2)  # noqa: E731
+    return torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
+
+
+def assert_finite_and_in_band(out, want, v_max):
+    """No non-finite row (the exact attention `want` is finite), and the output in the band of
+    `want` clamped to the output format's range (the nearest representable answer), at V's
+    scale."""
+    assert torch.isfinite(want).all()
+    bad = (~torch.isfinite(out.float()).all(-1)).sum().item()
+    assert bad == 0, f"{bad} non-finite rows of {out.shape[1] * out.shape[2]}"
+    fmax = torch.finfo(out.dtype).max
+    want = want.clamp(-fmax, fmax)
+    acc = ref.accuracy(out.float() / v_max, want / v_max)
+    assert ref.in_band(acc), (ref.band_failures(acc), acc)
+
+
+@pytest.mark.parametrize("mode", ["fp8", "fp16"])
+@pytest.mark.parametrize("dtype,v_max", V_AT_MAX)
+def test_v_at_format_max_gives_finite_output(target, dtype, v_max, mode):
+    """Finite in, finite out: V at its format's largest value (or just below) in both P·V
+    modes. The exact output is representable, but P's rounding carries O past V's maximum.
+    Before the saturation, of these 192 rows, FP16 V at 65504 gave 84 +-inf rows on emu (FP8
+    P·V), 63 / 11 on amx and amx_model (FP8 / FP16), 7 on avx512 (each mode); at 65280 17 on
+    emu and 1 on amx; BF16 V at its maximum 49 on emu (the FP32 product overflowed) and 2 on
+    amx, 1 ulp below it 3 on emu. cuda (H200), FP8 P·V: 60, 15, 31 and 1. (scalar and avx2
+    keep P in FP32: no overflow.)"""
+    q, k, _ = _inputs(1, 96, 160, 2, seed=20, dtype=dtype)
+    v = _v_at_max(dtype, v_max, 160, 2, seed=21)
+    out = _sage(target, q, k, v, pv_dtype=mode)
+    assert_finite_and_in_band(out, _sdpa64(q, k, v), v_max)
+
+
+# Q's one channel: the scores of keys 32.. then lie 0.794 below key 0's (log2 units), where
+# P·448 = 258.38, which FP16 rounds up to 258.5 (+0.046 %; found by scanning ref's FP16 model).
+P_ROUNDS_UP_Q = 797.0
+
+
+@pytest.mark.parametrize("mode", ["fp8", "fp16"])
+def test_fp16_p_rounding_up_gives_finite_output(target, mode):
+    """Scores where FP16 P (the GPU's FP16 P·V) rounds the P of 128 of the 160 keys up by
+    almost half an ulp (0.046 %) and l, summed from the unrounded P, does not see it: O
+    exceeds FP16 V's 65504 by 24 (past the tie 65520). Before the saturation all 128 rows were
+    +-inf on emu and cuda (pv_dtype fp16), on amx and amx_model (fp16) and avx512 (both
+    modes: BF16 P)."""
+    sq, skv, h = 64, 160, 2
+    q = torch.zeros((1, sq, h, 128))
+    q[..., 0] = P_ROUNDS_UP_Q
+    k = torch.zeros((1, skv, h, 128))
+    k[..., 0] = 126 / 127  # FP16 1 - 2^-7: INT8 code 126 in key 0's block, 127 in the others
+    k[:, 0, :, 0] = 1.0
+    q, k = q.half(), k.half()
+    v = _v_at_max(torch.float16, 65504.0, skv, h, seed=26)
+    out = _sage(target, q, k, v, pv_dtype=mode)
+    assert_finite_and_in_band(out, _sdpa64(q, k, v), 65504.0)
+
+
+def test_ref_model_gives_finite_output_at_format_max():
+    """The spec itself: ref.attention_from_prepared's GPU steps (e4m3 / FP16 P), the cpu
+    tiers' (P unrounded) and the amx tiers' int8 P·V, at FP16 65504 and the BF16 maximum."""
+    for dtype, v_max in ((torch.float16, 65504.0), (torch.bfloat16, BF16_MAX)):
+        q, k, _ = _inputs(1, 96, 160, 2, seed=22, dtype=dtype)
+        v = _v_at_max(dtype, v_max, 160, 2, seed=23)
+        want = _sdpa64(q, k, v)
+        for mode in ("fp8", "fp16"):
+            p = ref.prepare(q, k, v, pv_dtype=mode)
+            models = [dict(), dict(fp8_p=False)] + [dict(fp8_p=False, int8_pv=True)] * (
+                mode == "fp8"
+            )
+            for kw in models:
+                out = ref.attention_from_prepared(p, 96, 160, out_dtype=dtype, **kw)
+                assert_finite_and_in_band(out, want, v_max)
+
+
+def test_fwd_saturates_to_a_narrower_output_dtype(target):
+    """BF16 V beyond FP16's range through gfx1201_sage_attention_fwd with out_dtype FP16: the
+    output saturates at +-65504 where the exact one lies beyond (the nearest FP16 value), and
+    keeps the band elsewhere. (Before: +-inf there on every target.)"""
+    v_max = 2.0**17
+    q, k, _ = _inputs(1, 64, 96, 2, seed=24)
+    v = _v_at_max(torch.bfloat16, v_max, 96, 2, seed=25)
+    prep = aiter_sage.gfx1201_sage_prepare(*to_device(target, q, k, v), backend=target)
+    out = aiter_sage.gfx1201_sage_attention_fwd(
+        *prep, 64, kv_len=96, out_dtype=torch.float16, backend=target
+    )[:, :64].cpu()
+    assert out.dtype == torch.float16
+    assert out[..., :64].abs().eq(65504).all()  # the constant +-2^17 channels
+    assert_finite_and_in_band(out, _sdpa64(q, k, v), v_max)
+
+
 # ---- non-finite input ----------------------------------------------------------------------
 NONFINITE = [float("nan"), float("inf"), float("-inf")]
 

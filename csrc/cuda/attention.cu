@@ -3,7 +3,7 @@
 // softmax in the exp2 domain with the e4m3 scale folded into the exponent (ref.py EXP_OFFSET),
 // P rounded to e4m3 in registers, O += P8 . V8 with e4m3 x e4m3 -> f32 wgmma (P from registers,
 // V from shared memory), FP32 accumulation (O moved every 16 tiles into an FP32 home in shared
-// memory: Traits::kOHomeTiles), O = acc / l * v_scale.
+// memory: Traits::kOHomeTiles), O = acc / l * v_scale (saturated: sage::output_value).
 // pv_dtype FP16 (ref.py "FP16 P.V"): the same steps with P rounded to FP16 (RNE) and FP16 V codes,
 // O += P16 . V16 with f16 x f16 -> f32 wgmma m64nNk16: a template variant of its own (kPv16), so
 // the FP8 kernels are unchanged.
@@ -73,6 +73,7 @@
 #include "sage/module_abi.h"
 #include "sage/params.h"
 #include "sage/platform.h"
+#include "sage/quant.h"
 #include "cuda/sm90_wgmma.h"
 
 namespace sage {
@@ -770,7 +771,9 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   }
   if (o_home_used) merge_o_home<T, false>(sm, c);
 
-  // Epilogue: full row sums over the quad, O = acc / l * v_scale, LSE.
+  // Epilogue: full row sums over the quad, O = acc / l * v_scale saturated (output_value: the
+  // code mean acc / l clamped to +-448 with e4m3 V, the product to +-out_dtype's maximum where
+  // finite), LSE.
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -783,6 +786,8 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   const float* vs = p.v_scale + hkv_lin * T::kDim;
   uint16_t* out = halves(p.out);
   const bool fp16 = p.out_dtype == SAGE_DTYPE_FP16;
+  const float mean_bound = code_mean_bound(T::kPv16);
+  const float out_max = half_max(p.out_dtype);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = c.row0 + 8 * h;
@@ -796,8 +801,8 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
       if (d >= p.head_dim) continue;
       float x0 = 0.0f, x1 = 0.0f;
       if (real) {
-        x0 = c.o[4 * ch + 2 * h] * inv[h] * vs[d];
-        x1 = c.o[4 * ch + 2 * h + 1] * inv[h] * vs[d + 1];
+        x0 = output_value(c.o[4 * ch + 2 * h] * inv[h], vs[d], mean_bound, out_max);
+        x1 = output_value(c.o[4 * ch + 2 * h + 1] * inv[h], vs[d + 1], mean_bound, out_max);
       }
       uint32_t bits;
       if (fp16) {

@@ -5,7 +5,7 @@
 //   online softmax   exp2 domain, FP32, row max across the two half-waves with one shfl_xor 16
 //   Oᵀ += V8ᵀ·P8ᵀ    v_wmma_f32_16x16x16_fp8_fp8  (P converted to e4m3 in registers: the Sᵀ
 //                    accumulator layout is the B-operand layout, so P never leaves the VGPRs)
-//   O = acc / l · v_scale → out_dtype (BF16/FP16), only the head_dim real channels
+//   O = acc / l · v_scale → out_dtype (BF16/FP16), saturated, only the head_dim real channels
 //
 // pv_dtype FP16 (AttnTraits<D, true>, the _pv16 kernels): P and V as FP16 and
 //   Oᵀ += V16ᵀ·P16ᵀ  v_wmma_f32_16x16x16_f16 (P packed to FP16 in registers, same lanes)
@@ -471,15 +471,19 @@ SAGE_DEVICE uint32_t pack_halves(float a, float b) {
                : uint32_t(f32_to_bf16(a)) | (uint32_t(f32_to_bf16(b)) << 16);
 }
 
-// The output rows of the wave, O[q][c] = acc / l · v_scale[c]: the lane holds query 16qb + r,
-// channels 16cb + 8h + j = one 16-byte store of 8 halves. Only the head_dim real channels are
-// written (a multiple of 8: a store is all in or all out); rows in [q_len, out_rows) are
-// zeros; rows >= out_rows are not written. kZero: a wave without queries (all its rows zero).
+// The output rows of the wave, O[q][c] = acc / l · v_scale[c], saturated (output_value: the
+// code mean acc / l clamped to ±448 with e4m3 V, the product to ±out_dtype's maximum where
+// finite): the lane holds query 16qb + r, channels 16cb + 8h + j = one 16-byte store of 8
+// halves. Only the head_dim real channels are written (a multiple of 8: a store is all in or
+// all out); rows in [q_len, out_rows) are zeros; rows >= out_rows are not written. kZero: a
+// wave without queries (all its rows zero).
 template <class T, bool kFp16, bool kZero>
 SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const float (&inv_l)[2],
                             const float* v_scale, int b, int hd, int q0) {
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
+  const float mean_bound = code_mean_bound(T::kPv16);
+  const float out_max = kFp16 ? kFp16Max : kBf16Max;
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     const int q = q0 + 16 * qb + r;
@@ -497,8 +501,10 @@ SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const f
         const uint32_t sv[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
         for (int j = 0; j < kFragElems; j += 2) {
-          const float o0 = ws.acc[qb][cb][j] * inv_l[qb] * bits_f32(sv[j]);
-          const float o1 = ws.acc[qb][cb][j + 1] * inv_l[qb] * bits_f32(sv[j + 1]);
+          const float o0 =
+              output_value(ws.acc[qb][cb][j] * inv_l[qb], bits_f32(sv[j]), mean_bound, out_max);
+          const float o1 = output_value(ws.acc[qb][cb][j + 1] * inv_l[qb], bits_f32(sv[j + 1]),
+                                        mean_bound, out_max);
           packed[j / 2] = real ? pack_halves<kFp16>(o0, o1) : 0u;
         }
       }

@@ -61,6 +61,31 @@ SAGE_HD uint16_t f32_to_half(float x, int dtype) {
   return dtype == SAGE_DTYPE_FP16 ? f32_to_fp16(x) : f32_to_bf16(x);
 }
 
+// ---- the attention output (aiter_sage/ref.py, "Finite input": finite in, finite out) ----
+constexpr float kFp16Max = 65504.0f;     // largest finite binary16
+constexpr float kBf16Max = 0x1.fep127f;  // largest finite bfloat16 (bits 0x7f7f)
+constexpr float kFloatMax = 3.40282347e+38f;
+SAGE_HD float half_max(int dtype) { return dtype == SAGE_DTYPE_FP16 ? kFp16Max : kBf16Max; }
+// x clamped to [-bound, bound] where it is finite; +-inf and NaN pass unchanged. (The two
+// compares are joined by & so that a compiler may if-convert and vectorize it.)
+SAGE_HD float saturate_finite(float x, float bound) {
+  const float a = __builtin_fabsf(x);
+  return ((a > bound) & (a <= kFloatMax)) ? __builtin_copysignf(bound, x) : x;
+}
+// The bound of r = acc / l, the P-weighted mean of the V codes: e4m3 codes are at most 448 in
+// magnitude and so is their mean, but P's rounding (which l does not see) carries r up to ~0.8 %
+// past it, and with BF16 V at its maximum r * v_scale then overflows FP32. Clamping r to the
+// bound projects it onto an interval that holds the exact mean (it never adds error). FP16
+// codes (pv_dtype FP16) get no bound (inf): |code| <= 448 only for a normal v_scale, and their
+// P's 0.05 % cannot overflow FP32.
+SAGE_HD float code_mean_bound(bool fp16_codes) { return fp16_codes ? __builtin_inff() : kFp8Max; }
+// An output value before its rounding to out_dtype: r = acc / l clamped to `mean_bound`, times
+// the V channel scale, then clamped to +-out_max (half_max) where finite, where RNE would give
+// +-inf. An inf or NaN comes only from a non-finite V scale or score (non-finite input).
+SAGE_HD float output_value(float code_mean, float v_scale, float mean_bound, float out_max) {
+  return saturate_finite(saturate_finite(code_mean, mean_bound) * v_scale, out_max);
+}
+
 // Q factor float32(softmax_scale * log2 e), the product in double (host side: the binding
 // fills SageParams::q_prescale with it; the kernels then use exp2).
 inline float q_prescale_from(double softmax_scale) {
