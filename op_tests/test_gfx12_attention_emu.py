@@ -73,7 +73,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 5  # the layout of _PARAM_FIELDS
+        assert lib.sage_abi_version() == 6  # the layout of _PARAM_FIELDS
         _LIB["lib"] = lib
     return _LIB["lib"]
 

@@ -100,9 +100,10 @@ void run_attention(const SageParams& p, const AttentionKernels& tier) {
 }  // namespace
 }  // namespace sage_cpu
 
-SAGE_EXPORT int sage_attention_launch(const SageParams* p, void* stream) {
+SAGE_EXPORT int sage_attention_run(const SageParams* p, void* stream) {
   using namespace sage_cpu;
-  return guarded_launch(p, stream, sage::Launch::kAttention, [](const SageParams& params, Isa isa) {
+  return guarded_run(p, stream, sage::Launch::kAttention, [](const SageParams& params, Isa isa) {
     run_attention(params, kernels_for(isa));
   });
 }
+SAGE_DEFINE_CHECKED_LAUNCH(attention, kAttention)

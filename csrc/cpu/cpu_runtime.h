@@ -128,15 +128,14 @@ void parallel_dynamic(int64_t n, int threads, int64_t grain, const Body& body) {
 // What the cpu backend implements of contract v2 (sage/check.h): all of it, on every tier.
 constexpr sage::Features kCpuFeatures = sage::kAllFeatures;
 
-// The body of both cpu launch functions: validate (sage/check.h), pick the ISA tier, run, and
-// turn an exception (allocation failure, thread creation) into an error message instead of a
-// crash.
+// The body of both cpu run functions (sage_*_run: params already validated by check_params,
+// sage/module_abi.h): refuse a feature the cpu lacks, pick the ISA tier, run, and turn an
+// exception (allocation failure, thread creation) into an error message instead of a crash.
 
 // `stream`: the launch's stream argument, null or a SageCpuExecutor (sage/module_abi.h).
 template <class Run>
-int guarded_launch(const SageParams* p, void* stream, sage::Launch launch, Run run) {
-  if (!sage::check_params(p, launch) || !sage::check_features(p, launch, kCpuFeatures, "cpu"))
-    return 1;
+int guarded_run(const SageParams* p, void* stream, sage::Launch launch, Run run) {
+  if (!sage::check_features(p, launch, kCpuFeatures, "cpu")) return 1;
   const char* what = launch == sage::Launch::kPrepare ? "prepare" : "attention";
   const auto* executor = static_cast<const SageCpuExecutor*>(stream);
   if (executor && (executor->magic != SAGE_CPU_EXECUTOR_MAGIC || !executor->run))

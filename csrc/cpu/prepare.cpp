@@ -127,9 +127,10 @@ void run_prepare(const SageParams& p, const PrepareKernels& k) {
 }  // namespace
 }  // namespace sage_cpu
 
-SAGE_EXPORT int sage_prepare_launch(const SageParams* p, void* stream) {
+SAGE_EXPORT int sage_prepare_run(const SageParams* p, void* stream) {
   using namespace sage_cpu;
-  return guarded_launch(p, stream, sage::Launch::kPrepare, [](const SageParams& params, Isa isa) {
+  return guarded_run(p, stream, sage::Launch::kPrepare, [](const SageParams& params, Isa isa) {
     run_prepare(params, kernels_for(isa));
   });
 }
+SAGE_DEFINE_CHECKED_LAUNCH(prepare, kPrepare)

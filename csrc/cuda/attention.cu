@@ -986,9 +986,8 @@ bool check_arch() {
 }
 }  // namespace
 
-SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
+SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   namespace s9 = sage::sm90;
-  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
   if (!sage::check_features(params, sage::Launch::kAttention, kCudaFeatures, "cuda")) return 1;
   const SageParams& p = *params;
   if ((p.out_stride_s | p.out_stride_h | p.out_stride_b) & 1 ||
@@ -1014,3 +1013,4 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
     return pingpong ? launch<s9::Traits<64, 4, true>>(p, st) : launch<s9::Traits<64, 4>>(p, st);
   return pingpong ? launch<s9::Traits<128, 4, true>>(p, st) : launch<s9::Traits<128, 4>>(p, st);
 }
+SAGE_DEFINE_CHECKED_LAUNCH(attention, kAttention)

@@ -755,8 +755,7 @@ inline int dispatch_attention(const SageParams& p, void* stream) {
 }  // namespace gfx12
 }  // namespace sage
 
-SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
-  if (!sage::check_params(params, sage::Launch::kAttention)) return 1;
+SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   if (!sage::check_features(params, sage::Launch::kAttention, sage::kAllFeatures, "gfx12"))
     return 1;
   const int rc = sage::gfx12::dispatch_attention(*params, stream);
@@ -769,4 +768,5 @@ SAGE_EXPORT int sage_attention_launch(const SageParams* params, void* stream) {
   }
   return 0;
 }
+SAGE_DEFINE_CHECKED_LAUNCH(attention, kAttention)
 #endif  // SAGE_HOST_LAUNCH

@@ -636,9 +636,8 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk q
 }
 }  // namespace
 
-SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
+SAGE_EXPORT int sage_prepare_run(const SageParams* params, void* stream) {
   namespace g = sage::gfx12;
-  if (!sage::check_params(params, sage::Launch::kPrepare)) return 1;
   if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures,
                             SAGE_PREPARE_BACKEND))
     return 1;
@@ -656,4 +655,5 @@ SAGE_EXPORT int sage_prepare_launch(const SageParams* params, void* stream) {
   return SAGE_LAUNCH_PREPARE(PrepBf16D128, _);
 #undef SAGE_LAUNCH_PREPARE
 }
+SAGE_DEFINE_CHECKED_LAUNCH(prepare, kPrepare)
 #endif  // SAGE_HOST_LAUNCH

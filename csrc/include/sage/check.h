@@ -1,8 +1,9 @@
-// aiter_sage: the one validation of a SageParams. Every module's launch function (cpu, emu,
-// gfx12) calls it before any work, and the torch binding calls the same function on the
-// params it filled (for the real call and, with placeholder pointers, for the fake
-// implementations), so a bad value gets the same message whichever way it arrives. The binding
-// itself checks only what is torch's business: dtypes, ranks, shapes, devices, strides.
+// aiter_sage: the one validation of a SageParams. The torch binding runs it once per op call, on
+// the params it filled, before it allocates (and, with placeholder pointers, in the fake
+// implementations), then calls the modules' *_run functions. Every module's C ABI launch
+// (sage_prepare_launch / sage_attention_launch, for callers other than the binding) runs the
+// same function first, so a bad value gets the same message whichever way it arrives. The
+// binding itself checks only what is torch's business: dtypes, ranks, shapes, devices, strides.
 // Host-only: empty in a hiprtc device build.
 #pragma once
 #if !defined(SAGE_HIPRTC)
@@ -146,8 +147,26 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
 
 // The one entry point: what a launch of kind `launch` needs.
 inline bool check_params(const SageParams* p, Launch launch) {
+  check_calls().fetch_add(1, std::memory_order_relaxed);
   return launch == Launch::kPrepare ? check_prepare_params(p) : check_attention_params(p);
 }
 
+// One SageParams that serves a prepare launch and then an attention launch on its outputs (the
+// torch binding's attention op fills both launches' fields before it allocates): both rule
+// sets, as one validation.
+inline bool check_prepare_then_attention(const SageParams* p) {
+  check_calls().fetch_add(1, std::memory_order_relaxed);
+  return check_prepare_params(p) && check_attention_params(p);
+}
+
 }  // namespace sage
+
+// A module's C ABI launch `sage_<op>_launch`: check_params, then the module's own
+// `sage_<op>_run` (declared before this, with the same signature). The torch binding calls
+// *_run directly on params it has validated; any other caller of the C ABI gets the check.
+#define SAGE_DEFINE_CHECKED_LAUNCH(OP, LAUNCH)                                 \
+  SAGE_EXPORT int sage_##OP##_launch(const SageParams* params, void* stream) { \
+    if (!sage::check_params(params, sage::Launch::LAUNCH)) return 1;           \
+    return sage_##OP##_run(params, stream);                                    \
+  }
 #endif  // !SAGE_HIPRTC

@@ -15,7 +15,9 @@ extern "C" {
 // 3: contract v2: head dim (64 / 128 kernels, other D <= 128 zero-padded), heads_q/heads_kv
 //    (GQA/MQA), input/output dtype (BF16/FP16), mask mode (causal), LSE output, K smoothing.
 // 4: the P.V mode (pv_dtype: FP8 or FP16 operands) and the FP16 prepared V (v16).
-#define SAGE_ABI_VERSION 5
+// 6: sage_prepare_run / sage_attention_run (the launches without the validation the binding
+//    has already done) and sage_module_check_count.
+#define SAGE_ABI_VERSION 6
 
 // Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
 // that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
@@ -138,6 +140,7 @@ typedef int (*sage_abi_version_fn)(void);
 typedef const char* (*sage_module_info_fn)(void);
 typedef int (*sage_launch_fn)(const SageParams* params, void* stream);
 typedef const char* (*sage_last_error_fn)(void);
+typedef long long (*sage_check_count_fn)(void);
 
 #ifdef __cplusplus
 }  // extern "C"
