@@ -1,10 +1,14 @@
 """The backend table: every backend aiter_sage can run on, in one place.
 
-The op layer (which module a call loads), the torch binding's module resolver, the tests and
-the benchmark all read this table. A backend serves tensors of one device type; the JIT builds
-its modules for a *target* (``cpu``, ``emu``, or a GPU arch) with one toolchain kind of
-``jit/modules.py``. The first backend of a device type whose ``automatic`` flag is set is the
-one a call without ``backend=`` gets.
+The op layer, the torch binding, the tests and the benchmark all read this table. A backend
+serves tensors of one device type; the JIT builds its modules for a *target* (``cpu``, ``emu``,
+or a GPU arch) with one toolchain kind of ``jit/modules.py``. The first backend of a device type
+whose ``automatic`` flag is set is the one a call without ``backend=`` gets.
+
+:func:`resolve` is the one interpretation of a call's ``backend`` argument (and of
+``$AITER_SAGE_BACKEND``): it returns a :class:`Resolved` record that the binding uses as it is
+(which modules to load, whether they run on the host, the alignment their loads need). The
+binding reads no environment variable, compares no backend name and parses no module string.
 """
 
 from __future__ import annotations
@@ -59,13 +63,21 @@ def _cuda_target(device: torch.device) -> str:
     return arch
 
 
+# Row alignment (bytes) of the tensors a backend's kernels read with 128-bit loads: the binding
+# copies a tensor whose base or row strides miss it (a valid view such as x[..., 1:65]).
+ALIGN_NONE = 0  # any layout with a contiguous last dim (the cpu kernels)
+ALIGN_128_BIT = 16
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
     device_type: str  # torch device type of the tensors it takes
-    toolchain: str  # jit/modules.py source set ("cpu", "emu", "hip")
+    toolchain: str  # jit/modules.py source set ("cpu", "emu", "hip", "cuda")
     automatic: bool  # chosen when no backend is named
     target: Callable[[torch.device], str]  # device -> JIT build target
+    host: bool  # runs on the calling host's threads (its stream argument: a SageCpuExecutor)
+    align_bytes: int  # ALIGN_NONE or ALIGN_128_BIT
     summary: str
 
     def serves(self, device: torch.device) -> bool:
@@ -79,11 +91,23 @@ class Backend:
 
 
 BACKENDS: tuple[Backend, ...] = (
-    Backend("cpu", "cpu", "cpu", True, lambda d: "cpu", "host C++ (AMX / AVX-512 / AVX2 tiers)"),
-    Backend("emu", "cpu", "emu", False, _emu_target, "the gfx12 kernels on the wave emulator"),
-    Backend("gfx12", "cuda", "hip", True, _gfx12_target, "RDNA4 GPUs (gfx1201, gfx1200)"),
-    Backend("cuda", "cuda", "cuda", True, _cuda_target, "NVIDIA Hopper GPUs (sm_90, wgmma)"),
-)
+    Backend(
+        "cpu", device_type="cpu", toolchain="cpu", automatic=True, target=lambda d: "cpu",
+        host=True, align_bytes=ALIGN_NONE, summary="host C++ (AMX / AVX-512 / AVX2 tiers)",
+    ),
+    Backend(
+        "emu", device_type="cpu", toolchain="emu", automatic=False, target=_emu_target,
+        host=True, align_bytes=ALIGN_128_BIT, summary="the gfx12 kernels on the wave emulator",
+    ),
+    Backend(
+        "gfx12", device_type="cuda", toolchain="hip", automatic=True, target=_gfx12_target,
+        host=False, align_bytes=ALIGN_128_BIT, summary="RDNA4 GPUs (gfx1201, gfx1200)",
+    ),
+    Backend(
+        "cuda", device_type="cuda", toolchain="cuda", automatic=True, target=_cuda_target,
+        host=False, align_bytes=ALIGN_128_BIT, summary="NVIDIA Hopper GPUs (sm_90, wgmma)",
+    ),
+)  # fmt: skip
 NAMES: tuple[str, ...] = tuple(b.name for b in BACKENDS)
 BY_NAME: dict[str, Backend] = {b.name: b for b in BACKENDS}
 
@@ -121,8 +145,54 @@ def select(device, backend: Optional[str] = None) -> Backend:
 
 def target_for(device, backend: Optional[str] = None) -> str:
     """The JIT build target for a tensor device and a requested backend."""
+    return resolve(device, backend).target
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A backend resolved for one device: what the torch binding uses, as it is."""
+
+    backend: str  # the canonical name (a row of BACKENDS)
+    device: str  # the tensors' device, as torch spells it ("cpu", "cuda:0")
+    target: str  # JIT build target of its modules
+    toolchain: str
+    host: bool  # Backend.host
+    align_bytes: int  # Backend.align_bytes
+
+    def module_path(self, module: str) -> str:
+        """Path of `module` (a jit/modules.py name) built for this target (built if needed)."""
+        return str(jit_driver.ensure_module(module, self.target))
+
+
+# (device, backend name) -> its record, one record per (device, backend): the binding keeps
+# the records it was given and looks them up by identity, so its module cache holds one entry
+# per backend and device however a call names it ("EMU", " emu", $AITER_SAGE_BACKEND, or none).
+_resolved: dict[tuple[str, str], Resolved] = {}
+# The same records by the call's raw (device, name or $AITER_SAGE_BACKEND): every op call
+# resolves, so the common case is one dict lookup.
+_by_request: dict[tuple[str, str], Resolved] = {}
+
+
+def _resolve(device, name: str) -> Resolved:
     dev = torch.device(device)
-    return select(dev, backend).target(dev)
+    b = select(dev, name or None)
+    key = (str(dev), b.name)
+    found = _resolved.get(key)
+    if found is None:
+        found = Resolved(b.name, key[0], b.target(dev), b.toolchain, b.host, b.align_bytes)
+        found = _resolved.setdefault(key, found)
+    return found
+
+
+def resolve(device, backend: Optional[str] = None) -> Resolved:
+    """The record for tensors on `device` and a call's `backend` argument (None or '': the
+    environment's, else the table's automatic choice). Unknown names and backends that cannot
+    serve the device raise ValueError (see :func:`select`)."""
+    raw = (str(device), backend or os.environ.get(ENV_BACKEND, ""))
+    found = _by_request.get(raw)
+    if found is None:
+        found = _by_request.setdefault(raw, _resolve(device, requested(raw[1])))
+    return found
 
 
 def available() -> list[str]:

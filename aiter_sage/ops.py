@@ -88,11 +88,6 @@ def _check_namespace_free() -> None:
             )
 
 
-def _resolve_module(name: str, device: str, backend: str) -> str:
-    """Called by the binding on the first use of (module, device, backend)."""
-    return str(jit_driver.ensure_module(name, backends.target_for(device, backend)))
-
-
 def _load_binding():
     path = jit_driver.ensure_module("aiter_sage_torch", "torch")
     loader = importlib.machinery.ExtensionFileLoader("aiter_sage_torch", str(path))
@@ -120,7 +115,9 @@ def _register() -> None:
         return
     _check_namespace_free()
     binding = _load_binding()
-    binding.set_module_resolver(_resolve_module)
+    # Every op call asks backends.resolve for its record: the one reading of `backend` and
+    # $AITER_SAGE_BACKEND (a dict lookup after the first call of a device and name).
+    binding.set_backend_resolver(backends.resolve)
     _define_schemas()
     binding.register_ops()
     _register_fakes(binding)

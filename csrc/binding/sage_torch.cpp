@@ -4,8 +4,10 @@
 // Ops are registered from register_ops() (called by aiter_sage/ops.py after it has checked
 // that no other library owns the names), not from static initialisers, so that any
 // registration error reaches Python as an exception instead of aborting the process.
-// Kernel modules are located by a Python resolver (the JIT driver) on first use per
-// (module, device, backend) and then called without touching Python again.
+// Each op call asks aiter_sage/backends.py:resolve for its backend record (the one reading of
+// the `backend` argument and of $AITER_SAGE_BACKEND) and uses it as it is: which modules to
+// load, whether they run on the host, the alignment their loads need. The binding reads no
+// environment variable and compares no backend name.
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -38,9 +40,6 @@ namespace py = pybind11;
 
 namespace {
 
-constexpr const char* kPrepareModule = "module_gfx1201_sage_prepare";
-constexpr const char* kAttentionModule = "module_gfx1201_sage_attention";
-
 // ---------------------------------------------------------------------------------------------
 // Host memory of large CPU tensors (see sage/host_blocks.h: why, and the cache's rules)
 // ---------------------------------------------------------------------------------------------
@@ -70,22 +69,59 @@ at::Tensor new_tensor(at::IntArrayRef sizes, const at::TensorOptions& options) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Kernel modules
+// Backends and their kernel modules
 // ---------------------------------------------------------------------------------------------
 struct KernelModule {
-  sage_launch_fn launch = nullptr;
+  sage_launch_fn run = nullptr;  // sage_*_run: the launch on params this binding validated
   sage_last_error_fn last_error = nullptr;
-  std::string info;
+  sage_check_count_fn check_count = nullptr;
+  std::string info;  // sage_module_info, for messages only
 };
 
-std::mutex g_modules_mutex;
-std::unordered_map<std::string, KernelModule> g_modules;
+enum ModuleKind { kPrepareKind = 0, kAttentionKind = 1, kModuleKinds = 2 };
+struct ModuleName {
+  const char* module;      // jit/modules.py name
+  const char* run_symbol;  // its entry for this binding (sage/module_abi.h)
+};
+constexpr ModuleName kModules[kModuleKinds] = {
+    {"module_gfx1201_sage_prepare", "sage_prepare_run"},
+    {"module_gfx1201_sage_attention", "sage_attention_run"},
+};
+
+// A backends.Resolved record, as the binding uses it. Python keeps one record per (device,
+// requested name), so "EMU", " emu" and $AITER_SAGE_BACKEND=emu all reach the same one.
+struct Backend {
+  py::object record;  // keeps the Python record alive: its address keys g_backends
+  std::string name, device;
+  bool host = false;        // takes a SageCpuExecutor as its stream, not a device stream
+  int64_t align_bytes = 0;  // row alignment the kernels' loads need (0: any layout)
+  mutable const KernelModule* modules[kModuleKinds] = {};  // loaded on first use (g_mutex)
+};
+
+// Guards g_backends and each Backend's modules. Taken with or without the GIL, but never held
+// while waiting for it (module_of lets go of it before it builds).
+std::mutex g_mutex;
+// Leaked on purpose (as g_resolver): Python objects must not be released at process exit.
+auto* g_backends = new std::unordered_map<PyObject*, std::unique_ptr<Backend>>();
 py::object* g_resolver = nullptr;  // leaked on purpose: must outlive interpreter teardown order
 
-std::string requested_backend(const std::optional<std::string>& backend) {
-  if (backend && !backend->empty()) return *backend;
-  const char* env = std::getenv("AITER_SAGE_BACKEND");
-  return env ? std::string(env) : std::string();
+// The record for this call: backends.resolve(device, backend) (a ValueError of Python's for an
+// unknown name or one the device cannot serve reaches the caller as it is).
+const Backend& backend_for(const at::Device& device, const std::optional<std::string>& backend) {
+  TORCH_CHECK(g_resolver, "aiter_sage: the binding was used before `import aiter_sage`");
+  py::gil_scoped_acquire gil;
+  py::object record = (*g_resolver)(device.str(), backend);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_backends->find(record.ptr());
+  if (it != g_backends->end()) return *it->second;
+  auto b = std::make_unique<Backend>();
+  b->name = record.attr("backend").cast<std::string>();
+  b->device = record.attr("device").cast<std::string>();
+  b->host = record.attr("host").cast<bool>();
+  b->align_bytes = record.attr("align_bytes").cast<int64_t>();
+  b->record = std::move(record);
+  PyObject* key = b->record.ptr();
+  return *g_backends->emplace(key, std::move(b)).first->second;
 }
 
 template <class F>
@@ -102,30 +138,53 @@ KernelModule load_module(const std::string& path, const char* entry) {
   TORCH_CHECK(abi == SAGE_ABI_VERSION, "aiter_sage: ", path, " has ABI ", abi, ", binding expects ",
               SAGE_ABI_VERSION);
   KernelModule m;
-  m.launch = symbol<sage_launch_fn>(h, entry, path);
+  m.run = symbol<sage_launch_fn>(h, entry, path);
   m.last_error = symbol<sage_last_error_fn>(h, "sage_module_last_error", path);
+  m.check_count = symbol<sage_check_count_fn>(h, "sage_module_check_count", path);
   m.info = symbol<sage_module_info_fn>(h, "sage_module_info", path)();
   return m;
 }
 
-// The resolver may build (minutes) and needs the GIL: never call it under our own mutex.
-const KernelModule& module_for(const char* name, const char* entry, const at::Device& device,
-                               const std::string& backend) {
-  const std::string key = std::string(name) + "|" + device.str() + "|" + backend;
+// The record's module_path may build (minutes) and needs the GIL: never called under g_mutex.
+const KernelModule& module_of(const Backend& b, ModuleKind kind) {
   {
-    std::lock_guard<std::mutex> lock(g_modules_mutex);
-    auto it = g_modules.find(key);
-    if (it != g_modules.end()) return it->second;
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (b.modules[kind]) return *b.modules[kind];
   }
-  TORCH_CHECK(g_resolver, "aiter_sage: the binding was used before `import aiter_sage`");
   std::string path;
   {
     py::gil_scoped_acquire gil;
-    path = (*g_resolver)(name, device.str(), backend).cast<std::string>();
+    path = b.record.attr("module_path")(kModules[kind].module).cast<std::string>();
   }
-  KernelModule m = load_module(path, entry);
-  std::lock_guard<std::mutex> lock(g_modules_mutex);
-  return g_modules.emplace(key, m).first->second;
+  auto m = std::make_unique<KernelModule>(load_module(path, kModules[kind].run_symbol));
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto& slot = b.modules[kind];
+  if (!slot) slot = m.release();  // leaked with its Backend; a racing load keeps the first
+  return *slot;
+}
+
+// (key "module|device|backend", module info) of every module loaded, for the tests.
+std::vector<std::pair<std::string, std::string>> loaded_modules() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [record, b] : *g_backends)
+    for (int kind = 0; kind < kModuleKinds; ++kind)
+      if (b->modules[kind])
+        out.emplace_back(std::string(kModules[kind].module) + "|" + b->device + "|" + b->name,
+                         b->modules[kind]->info);
+  return out;
+}
+
+// sage::check_params calls so far in this binding and in every module it loaded (each shared
+// object loaded once, however many records use it), for the tests: one op call, one check.
+int64_t check_params_calls() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::set<sage_check_count_fn> counted;
+  int64_t calls = sage::check_calls().load();
+  for (const auto& [record, b] : *g_backends)
+    for (const KernelModule* m : b->modules)
+      if (m && counted.insert(m->check_count).second) calls += m->check_count();
+  return calls;
 }
 
 void* stream_for(const at::Device& device) {
@@ -211,18 +270,11 @@ int64_t cpu_executor_threads(int64_t workers) {
   return int64_t(seen.threads.size());
 }
 
-bool is_cpu_module(const KernelModule& m) {
-  static const std::string kSuffix = " target=cpu";  // sage_module_info of csrc/cpu's modules
-  return m.info.size() >= kSuffix.size() &&
-         m.info.compare(m.info.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
-}
-
-void launch(const char* name, const char* entry, const at::Device& device,
-            const std::optional<std::string>& backend, const SageParams& p) {
-  const KernelModule& m = module_for(name, entry, device, requested_backend(backend));
-  void* stream =
-      is_cpu_module(m) ? const_cast<SageCpuExecutor*>(cpu_executor()) : stream_for(device);
-  int rc = m.launch(&p, stream);
+// Runs a module on params that validate() accepted (its *_run entry skips the C ABI's check).
+void launch(const Backend& b, ModuleKind kind, const at::Device& device, const SageParams& p) {
+  const KernelModule& m = module_of(b, kind);
+  void* stream = b.host ? const_cast<SageCpuExecutor*>(cpu_executor()) : stream_for(device);
+  int rc = m.run(&p, stream);
   TORCH_CHECK(rc == 0, "aiter_sage: ", m.info, " failed: ", m.last_error());
 }
 
@@ -274,19 +326,15 @@ void check_int32(int64_t v, const char* what) {
   TORCH_CHECK_VALUE(v <= INT32_MAX, "aiter_sage: ", what, " ", v, " is too large");
 }
 
-// GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose rows are not
-// 16-byte aligned (a fresh contiguous allocation is), as a GPU path must. The cpu kernels take
-// any layout with a contiguous last dim.
-at::Tensor aligned_for(const at::Tensor& t, bool need_alignment) {
-  if (!need_alignment) return t;
-  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(-1) == 1;
+// GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose base or rows miss
+// the backend's alignment (Backend::align_bytes; a fresh contiguous allocation meets it), as a
+// GPU path must. The cpu kernels (align_bytes 0) take any layout with a contiguous last dim.
+at::Tensor aligned_for(const at::Tensor& t, int64_t align_bytes) {
+  if (align_bytes == 0) return t;
+  bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % align_bytes == 0 && t.stride(-1) == 1;
   for (int64_t d = 0; d + 1 < t.dim(); ++d)
-    ok = ok && (t.size(d) == 1 || (t.stride(d) * t.element_size()) % 16 == 0);
+    ok = ok && (t.size(d) == 1 || (t.stride(d) * t.element_size()) % align_bytes == 0);
   return ok ? t : t.clone(at::MemoryFormat::Contiguous);
-}
-
-bool needs_alignment(const at::Device& device, const std::string& backend) {
-  return !device.is_cpu() || backend == "emu";
 }
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -388,33 +436,44 @@ SageParams params_for(const Shape& sh) {
   return p;
 }
 
-// sage::check_params on `p`, with a stand-in address in every output buffer the binding
-// allocates only after this check passes (and in all of them for the fakes): a failure is a
-// ValueError carrying sage/check.h's message.
-void validate(SageParams p, sage::Launch launch) {
-  static char stand_in[16];
+// An address that check_params reads as "present" (it only tests pointers for null); never
+// dereferenced: a launch gets the real buffer in its place.
+char g_stand_in[16];
+
+// The launches one validation covers: the prepare op's, the forward op's, or the attention op's
+// two launches on one SageParams.
+enum class Check { kPrepare, kAttention, kPrepareThenAttention };
+
+// The op call's one sage/check.h validation of `p`, before the binding allocates anything: a
+// stand-in address in every buffer allocated only after it passes (in all of them for the
+// fakes). A failure is a ValueError carrying check.h's message. The modules' *_run entries
+// run on the params it accepted without checking them again (sage/module_abi.h).
+void validate(SageParams p, Check check) {
   auto fill = [](auto*& ptr) {
-    if (!ptr) ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(stand_in);
+    if (!ptr) ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(g_stand_in);
   };
   fill(p.q8), fill(p.q_scale), fill(p.k8), fill(p.k_scale), fill(p.v_scale);
   if (p.pv_dtype == SAGE_PV_FP16)
     fill(p.v16);
   else
     fill(p.v8);
-  if (launch == sage::Launch::kPrepare) {
+  if (check != Check::kAttention) {
     fill(p.q), fill(p.k), fill(p.v);
     if (p.smooth_k) fill(p.k_mean), fill(p.lse_corr);
-  } else {
-    fill(p.out);
   }
-  const bool ok = sage::check_params(&p, launch);
+  if (check != Check::kPrepare) fill(p.out);
+  const bool ok = check == Check::kPrepare     ? sage::check_params(&p, sage::Launch::kPrepare)
+                  : check == Check::kAttention ? sage::check_params(&p, sage::Launch::kAttention)
+                                               : sage::check_prepare_then_attention(&p);
   const std::string msg = sage::last_error_buffer();
   // "sage_prepare_launch: head dim 200 ..." -> "aiter_sage: head dim 200 ..."
   const size_t colon = msg.find(": ");
   TORCH_CHECK_VALUE(ok, "aiter_sage: ", colon == std::string::npos ? msg : msg.substr(colon + 2));
 }
 
-// Prepare's arguments after the torch-level checks, as SageParams (no data pointers yet).
+// Prepare's arguments after the torch-level checks, as SageParams, not yet validated. No data
+// pointers yet, except g_stand_in for the norm weights and RoPE tables that are given (all
+// check_params reads of them); run_prepare puts the real ones in.
 SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           std::optional<double> softmax_scale, const NormRope& nr, bool smooth_k,
                           const std::string& pv_dtype, bool shapes_only) {
@@ -436,11 +495,10 @@ SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Te
   TORCH_CHECK_VALUE(std::isfinite(float(nr.eps)) && nr.eps >= 0,
                     "aiter_sage: eps must be a finite float32 >= 0, got ", nr.eps);
   p.norm_eps = float(nr.eps);
-  static char stand_in[16];  // "present": check_params reads only whether they are null
   if (nr.q_weight) {
     check_norm_weight(*nr.q_weight, "query_weight", q);
     check_norm_weight(*nr.k_weight, "key_weight", q);
-    p.q_norm_weight = p.k_norm_weight = stand_in;
+    p.q_norm_weight = p.k_norm_weight = g_stand_in;
   }
   if (nr.cos) {
     TORCH_CHECK_VALUE(sh.q_len == sh.kv_len, "aiter_sage: RoPE (cosine/sine) needs query and key ",
@@ -451,16 +509,22 @@ SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Te
         nr.cos->sizes() == nr.sin->sizes() && nr.cos->scalar_type() == nr.sin->scalar_type(),
         "aiter_sage: cosine and sine must have the same shape and dtype, got ", nr.cos->sizes(),
         " ", nr.cos->scalar_type(), " and ", nr.sin->sizes(), " ", nr.sin->scalar_type());
-    p.rope_cos = p.rope_sin = reinterpret_cast<const float*>(stand_in);
+    p.rope_cos = p.rope_sin = reinterpret_cast<const float*>(g_stand_in);
     p.rope_dim = int32_t(nr.cos->size(1));
   }
-  validate(p, sage::Launch::kPrepare);
-  p.q_norm_weight = p.k_norm_weight = nullptr;
-  p.rope_cos = p.rope_sin = nullptr;
   return p;
 }
 
-// The forward's arguments (prepared tensors) after the torch-level checks, as SageParams.
+// The attention op's fields of its one SageParams (prepare_params filled the rest): the
+// output is the inputs' shape and dtype.
+void set_attention_fields(SageParams& p, bool is_causal) {
+  p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
+  p.out_dtype = p.in_dtype;
+  p.out_rows = p.q_len;
+}
+
+// The forward's arguments (prepared tensors) after the torch-level checks, as SageParams (not
+// yet validated).
 void check_prepared(const at::Tensor& t, const char* name, at::ScalarType dtype,
                     at::IntArrayRef shape, const at::Device& device) {
   // v_fp8 may come as float8_e4m3fn or as its uint8 bits.
@@ -527,7 +591,6 @@ SageParams fwd_params(const Prepared6& in, int64_t seq_len, std::optional<int64_
   p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
   p.pv_dtype = pv_fp16 ? SAGE_PV_FP16 : SAGE_PV_FP8;
   p.out_rows = p.q_len_pad;
-  validate(p, sage::Launch::kAttention);
   return p;
 }
 
@@ -542,14 +605,11 @@ struct PrepareResult {
   at::Tensor lse_corr;  // defined with smooth_k: the LSE term of the smoothing
 };
 
-PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
-                              const at::Tensor& v_in, std::optional<double> softmax_scale,
-                              const NormRope& nr, bool smooth_k, const std::string& pv_dtype,
-                              const std::optional<std::string>& backend_arg) {
-  SageParams p = prepare_params(q_in, k_in, v_in, softmax_scale, nr, smooth_k, pv_dtype, false);
+// Allocates prepare's outputs for the validated `p`, fills their pointers into it, launches.
+PrepareResult run_prepare(SageParams& p, const at::Tensor& q_in, const at::Tensor& k_in,
+                          const at::Tensor& v_in, const NormRope& nr, const Backend& be) {
   const at::Device device = q_in.device();
-  const std::string backend = requested_backend(backend_arg);
-  const bool align = needs_alignment(device, backend);
+  const int64_t align = be.align_bytes;
   at::Tensor q = aligned_for(q_in, align), k = aligned_for(k_in, align),
              v = aligned_for(v_in, align);
   p.q = q.data_ptr();
@@ -589,6 +649,7 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   // It lives until the launch is queued; the stream orders its reuse.
   at::Tensor v_amax_part = new_tensor({B, Hkv, SAGE_V_AMAX_SPLITS, Dp}, f32);
   at::Tensor k_mean, lse_corr;
+  const bool smooth_k = p.smooth_k;
   if (smooth_k) {
     k_mean = new_tensor({B, Hkv, Dp}, f32);
     lse_corr = new_tensor({B, Hq, p.q_len_pad}, f32);
@@ -604,37 +665,29 @@ PrepareResult prepare_checked(const at::Tensor& q_in, const at::Tensor& k_in,
   p.k_mean = smooth_k ? k_mean.data_ptr<float>() : nullptr;
   p.lse_corr = smooth_k ? lse_corr.data_ptr<float>() : nullptr;
 
-  launch(kPrepareModule, "sage_prepare_launch", device, backend, p);
+  launch(be, kPrepareKind, device, p);
   return {{q8, q_scale, k8, k_scale, v8, v_scale}, lse_corr};
 }
 
 // ---------------------------------------------------------------------------------------------
 // forward on prepared tensors
 // ---------------------------------------------------------------------------------------------
-struct FwdOptions {
-  int64_t seq_len;
-  std::optional<int64_t> kv_len;
-  bool is_causal = false;
-  at::ScalarType out_dtype = at::kBFloat16;
-  bool padded_out = true;    // rows: the padded length (the fwd op) or seq_len (attention)
-  int64_t out_head_dim = 0;  // channels written: the prepared head dim (0) or the real one
-  bool return_lse = false;
-  at::Tensor lse_corr;  // the smoothing's LSE term (undefined: none)
-};
+at::ScalarType scalar_type_of(int32_t sage_dtype) {
+  return sage_dtype == SAGE_DTYPE_FP16 ? at::kHalf : at::kBFloat16;
+}
 
-std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const FwdOptions& o,
-                                               const std::optional<std::string>& backend_arg) {
-  SageParams p = fwd_params(in_raw, o.seq_len, o.kv_len, o.is_causal, o.out_dtype, false);
+// Allocates the output [B, out_rows, Hq, head_dim] (and the LSE) for the validated `p`, fills
+// the prepared tensors' and the outputs' pointers into it, launches. A prepare of the same call
+// left p.lse_corr set with smooth_k; the attention adds it to the LSE when it writes one.
+std::tuple<at::Tensor, at::Tensor> run_attention(SageParams& p, const Prepared6& in_raw,
+                                                 bool return_lse, const Backend& be) {
   const at::Device device = in_raw.q8.device();
-  const std::string backend = requested_backend(backend_arg);
-  const bool align = needs_alignment(device, backend);
+  const int64_t align = be.align_bytes;
   const at::Tensor q8 = aligned_for(in_raw.q8, align), q_scale = aligned_for(in_raw.q_scale, align),
                    k8 = aligned_for(in_raw.k8, align), k_scale = aligned_for(in_raw.k_scale, align),
                    v8 = aligned_for(in_raw.v8, align), v_scale = aligned_for(in_raw.v_scale, align);
-  if (o.out_head_dim) p.head_dim = int32_t(o.out_head_dim);
-  p.out_rows = int32_t(o.padded_out ? p.q_len_pad : p.q_len);
-  at::Tensor out =
-      new_tensor({p.batch, p.out_rows, p.heads_q, p.head_dim}, q8.options().dtype(o.out_dtype));
+  at::Tensor out = new_tensor({p.batch, p.out_rows, p.heads_q, p.head_dim},
+                              q8.options().dtype(scalar_type_of(p.out_dtype)));
   p.q8 = const_cast<int8_t*>(ptr_of<int8_t>(q8));
   p.q_scale = const_cast<float*>(ptr_of<float>(q_scale));
   p.k8 = const_cast<int8_t*>(ptr_of<int8_t>(k8));
@@ -647,14 +700,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_checked(const Prepared6& in_raw, const Fw
   p.out = out.data_ptr();
   p.out_stride_b = out.stride(0), p.out_stride_s = out.stride(1), p.out_stride_h = out.stride(2);
   at::Tensor lse;
-  if (o.return_lse) {
+  if (return_lse) {
     lse = new_tensor({p.batch, p.heads_q, p.out_rows}, q8.options().dtype(at::kFloat));
     p.lse = lse.data_ptr<float>();
     p.lse_stride_b = lse.stride(0), p.lse_stride_h = lse.stride(1);
-    if (o.lse_corr.defined()) p.lse_corr = o.lse_corr.data_ptr<float>();
   }
-  validate(p, sage::Launch::kAttention);
-  launch(kAttentionModule, "sage_attention_launch", device, backend, p);
+  launch(be, kAttentionKind, device, p);
   return {out, lse};
 }
 
@@ -670,8 +721,10 @@ PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
                          std::string pv_dtype, std::optional<std::string> backend) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  return prepare_checked(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, backend)
-      .prepared;
+  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
+  validate(p, Check::kPrepare);
+  const Backend& be = backend_for(query.device(), backend);
+  return run_prepare(p, query, key, value, nr, be).prepared;
 }
 
 std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::Tensor& q_scale,
@@ -680,13 +733,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
                                            int64_t seq_len, std::optional<int64_t> kv_len,
                                            bool is_causal, std::optional<at::ScalarType> out_dtype,
                                            std::optional<std::string> backend, bool return_lse) {
-  FwdOptions o;
-  o.seq_len = seq_len;
-  o.kv_len = kv_len;
-  o.is_causal = is_causal;
-  o.out_dtype = resolve_out_dtype(out_dtype);
-  o.return_lse = return_lse;
-  return fwd_checked({q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale}, o, backend);
+  const Prepared6 in{q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale};
+  SageParams p = fwd_params(in, seq_len, kv_len, is_causal, resolve_out_dtype(out_dtype), false);
+  validate(p, Check::kAttention);
+  const Backend& be = backend_for(q_int8.device(), backend);
+  return run_attention(p, in, return_lse, be);
 }
 
 at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
@@ -715,19 +766,15 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
     const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
     const std::string& pv_dtype, std::optional<std::string> backend, bool return_lse) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  PrepareResult pr =
-      prepare_checked(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, backend);
+  // One SageParams for both launches, validated once: the attention reads the prepared
+  // tensors prepare writes into it, and writes the inputs' shape (head dim, real rows).
+  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
+  set_attention_fields(p, is_causal);
+  validate(p, Check::kPrepareThenAttention);
+  const Backend& be = backend_for(query.device(), backend);
+  PrepareResult pr = run_prepare(p, query, key, value, nr, be);  // keeps lse_corr alive
   auto& [q8, qs, k8, ks, v8, vs] = pr.prepared;
-  FwdOptions o;
-  o.seq_len = query.size(1);
-  o.kv_len = key.size(1);
-  o.is_causal = is_causal;
-  o.out_dtype = query.scalar_type();
-  o.padded_out = false;
-  o.out_head_dim = query.size(3);
-  o.return_lse = return_lse;
-  o.lse_corr = pr.lse_corr;
-  return fwd_checked({q8, qs, k8, ks, v8, vs}, o, backend);
+  return run_attention(p, {q8, qs, k8, ks, v8, vs}, return_lse, be);
 }
 
 at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -762,7 +809,8 @@ void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
                         const std::string& pv_dtype) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
+  validate(prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true),
+           Check::kPrepare);
 }
 
 void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -774,18 +822,17 @@ void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const 
                           bool smooth_k, const std::string& pv_dtype) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
-  p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
-  p.out_dtype = p.in_dtype;
-  p.out_rows = p.q_len;
-  validate(p, sage::Launch::kAttention);
+  set_attention_fields(p, is_causal);
+  validate(p, Check::kPrepareThenAttention);
 }
 
 void check_fwd_meta(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
                     const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
                     int64_t seq_len, std::optional<int64_t> kv_len, bool is_causal,
                     std::optional<at::ScalarType> out_dtype) {
-  fwd_params({q8, q_scale, k8, k_scale, v8, v_scale}, seq_len, kv_len, is_causal,
-             resolve_out_dtype(out_dtype), true);
+  validate(fwd_params({q8, q_scale, k8, k_scale, v8, v_scale}, seq_len, kv_len, is_causal,
+                      resolve_out_dtype(out_dtype), true),
+           Check::kAttention);
 }
 
 std::unique_ptr<torch::Library> g_cpu_lib, g_gpu_lib;
@@ -823,16 +870,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_prepare_meta", &check_prepare_meta);
   m.def("check_attention_meta", &check_attention_meta);
   m.def("check_fwd_meta", &check_fwd_meta);
-  m.def("set_module_resolver", [](py::object fn) {
+  // fn(device: str, backend: str | None) -> backends.Resolved, called once per op call.
+  m.def("set_backend_resolver", [](py::object fn) {
     if (!g_resolver) g_resolver = new py::object();
     *g_resolver = std::move(fn);
   });
-  m.def("loaded_modules", [] {
-    std::lock_guard<std::mutex> lock(g_modules_mutex);
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const auto& [key, mod] : g_modules) out.emplace_back(key, mod.info);
-    return out;
-  });
+  m.def("loaded_modules", &loaded_modules);
+  m.def("check_params_calls", &check_params_calls);
   m.def("host_cache_stats", [] {
     const sage::HostBlockCache::Stats s = host_blocks().stats();
     py::dict d;
