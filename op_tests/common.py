@@ -20,7 +20,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 import aiter_sage  # noqa: E402
-from aiter_sage import jit_driver, ref  # noqa: E402
+from aiter_sage import backends, jit_driver, ref  # noqa: E402
 
 
 def present_backends() -> list[str]:
@@ -38,11 +38,11 @@ def backend_params():
     return [pytest.param(b, id=b) for b in BACKENDS]
 
 
-GPU_BACKENDS = ("gfx12", "cuda")
+GPU_BACKENDS = tuple(b.name for b in backends.BACKENDS if b.device_type != "cpu")
 
 
 def device_for(backend: str) -> str:
-    return "cuda" if backend in GPU_BACKENDS else "cpu"
+    return backends.BY_NAME[backend].device_type
 
 
 def skip_no_hardware(what: str) -> None:

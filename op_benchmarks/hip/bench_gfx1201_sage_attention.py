@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import aiter_sage  # noqa: E402
-from aiter_sage import ref  # noqa: E402
+from aiter_sage import backends, ref  # noqa: E402
 
 PROVIDERS = ("sage", "sage_core", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
 SDPA_BACKENDS = {
@@ -51,7 +51,7 @@ SDPA_BACKENDS = {
     "sdpa_flash": "FLASH_ATTENTION",
     "sdpa_efficient": "EFFICIENT_ATTENTION",
 }
-GPU_BACKENDS = ("gfx12", "cuda")
+GPU_BACKENDS = tuple(b.name for b in backends.BACKENDS if b.device_type != "cpu")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Default shapes per backend, sized so a run takes about a minute there.
