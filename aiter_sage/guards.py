@@ -9,7 +9,7 @@
   step of its largest, so one row ×30 puts the other 31 at rel L2 0.19 (0.028 elsewhere).
 
 The byte counts follow the binding's allocations (``csrc/binding/sage_torch.cpp``:
-``prepare_checked``, ``fwd_checked``); a test compares them with the tensors a call returns.
+``run_prepare``, ``run_attention``); a test compares them with the tensors a call returns.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from . import ref
+from . import backends, ref
 
 # ----------------------------------------------------------------------------------------------
 # Memory: bytes a call allocates, and what its device has free
@@ -39,28 +39,33 @@ class Budget:
 
     prepared: int = 0  # INT8 Q/K, V codes and their scales (+ the smoothing's terms, scratch)
     output: int = 0  # the attention output and its LSE
-    copies: int = 0  # inputs copied to meet the kernels' 16-byte alignment
+    copies: int = 0  # inputs copied to meet the kernels' alignment (Resolved.align_bytes)
 
     @property
     def total(self) -> int:
         return self.prepared + self.output + self.copies
 
 
-def _alignment_copy_bytes(t: Optional[torch.Tensor], need_alignment: bool) -> int:
-    """The bytes of the copy the binding makes of `t` (``aligned_for``): rows that are not
-    16-byte aligned on a backend with 128-bit loads are copied, materialized in full (an
+def _alignment_copy_bytes(t: Optional[torch.Tensor], align: int) -> int:
+    """The bytes of the copy the binding makes of `t` (``aligned_for``): rows that miss the
+    backend's alignment (`align` bytes, 0: none needed) are copied, materialized in full (an
     expanded tensor becomes as large as its shape)."""
-    if t is None or not need_alignment:
+    if t is None or not align:
         return 0
     es = t.element_size()
-    ok = t.data_ptr() % 16 == 0 and t.stride(-1) == 1
-    ok = ok and all(t.size(d) == 1 or (t.stride(d) * es) % 16 == 0 for d in range(t.dim() - 1))
+    ok = t.data_ptr() % align == 0 and t.stride(-1) == 1
+    ok = ok and all(t.size(d) == 1 or (t.stride(d) * es) % align == 0 for d in range(t.dim() - 1))
     return 0 if ok else t.numel() * es
 
 
-def needs_alignment(device: torch.device, backend: str) -> bool:
-    """The binding's rule: GPU kernels and the gfx12 emulator load 128 bits at a time."""
-    return device.type != "cpu" or backend == "emu"
+def alignment(device: torch.device, backend: str) -> int:
+    """The row alignment the binding will copy to: the call's backend record's. 0 where no
+    backend serves the device: the binding refuses such a call, with its own message (an input
+    error first), before it copies or allocates anything."""
+    try:
+        return backends.resolve(device, backend).align_bytes
+    except ValueError:
+        return 0
 
 
 def prepare_budget(
@@ -79,7 +84,7 @@ def prepare_budget(
     prepared += b * hkv * V_AMAX_SPLITS * dp * _F32
     if smooth_k:
         prepared += b * hkv * dp * _F32 + b * hq * sq_pad * _F32
-    align = needs_alignment(query.device, backend)
+    align = alignment(query.device, backend)
     copies = sum(_alignment_copy_bytes(t, align) for t in (query, key, value, *norm_rope))
     return Budget(prepared=prepared, copies=copies)
 
@@ -113,7 +118,7 @@ def fwd_budget(prepared, seq_len, *, out_dtype=None, return_lse=False, backend="
     b, s_pad, hq, dp = q8.shape
     es = torch.empty((), dtype=out_dtype or torch.bfloat16).element_size()
     out = b * s_pad * hq * dp * es + (b * hq * s_pad * _F32 if return_lse else 0)
-    align = needs_alignment(q8.device, backend)
+    align = alignment(q8.device, backend)
     copies = sum(_alignment_copy_bytes(t, align) for t in prepared)
     return Budget(output=out, copies=copies)
 
