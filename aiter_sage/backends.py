@@ -8,7 +8,8 @@ whose ``automatic`` flag is set is the one a call without ``backend=`` gets.
 :func:`resolve` is the one interpretation of a call's ``backend`` argument (and of
 ``$AITER_SAGE_BACKEND``): it returns a :class:`Resolved` record that the binding uses as it is
 (which modules to load, whether they run on the host, the alignment their loads need). The
-binding reads no environment variable, compares no backend name and parses no module string.
+binding reads no backend from the environment, compares no backend name and parses no module
+string.
 """
 
 from __future__ import annotations

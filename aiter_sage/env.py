@@ -36,7 +36,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_BACKEND",
         "the first backend of `aiter_sage/backends.py` that serves the tensors",
         "`cpu`, `emu`, `gfx12` or `cuda` for calls that pass no `backend=`",
-        ("aiter_sage/backends.py", "csrc/binding/sage_torch.cpp"),
+        ("aiter_sage/backends.py",),
     ),
     EnvVar(
         "AITER_SAGE_CPU_ISA",

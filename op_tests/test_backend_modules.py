@@ -45,8 +45,8 @@ def small_qkv():
 
 
 def modules_loaded_for(backend: str) -> dict[str, str]:
-    """{key: info} of the modules the binding loaded for calls that asked for `backend` (keys
-    are "module|device|requested backend": the device field can also read "cpu")."""
+    """{key: info} of the modules the binding loaded for calls that resolved to `backend` (keys
+    are "module|device|backend", the backend's canonical name)."""
     loaded = aiter_sage.ops.binding().loaded_modules()
     return {key: info for key, info in loaded if key.split("|")[2] == backend}
 

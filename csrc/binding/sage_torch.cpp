@@ -7,7 +7,7 @@
 // Each op call asks aiter_sage/backends.py:resolve for its backend record (the one reading of
 // the `backend` argument and of $AITER_SAGE_BACKEND) and uses it as it is: which modules to
 // load, whether they run on the host, the alignment their loads need. The binding reads no
-// environment variable and compares no backend name.
+// backend from the environment and compares no backend name.
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
