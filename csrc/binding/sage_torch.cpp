@@ -106,7 +106,9 @@ auto* g_backends = new std::unordered_map<PyObject*, std::unique_ptr<Backend>>()
 py::object* g_resolver = nullptr;  // leaked on purpose: must outlive interpreter teardown order
 
 // The record for this call: backends.resolve(device, backend) (a ValueError of Python's for an
-// unknown name or one the device cannot serve reaches the caller as it is).
+// unknown name or one the device cannot serve reaches the caller as it is). Asked on every call,
+// not memoised here: a call without `backend` follows $AITER_SAGE_BACKEND as it is now, and only
+// Python reads it. The cost is the GIL and a dict lookup (about 1-2 us on a tiny prepare).
 const Backend& backend_for(const at::Device& device, const std::optional<std::string>& backend) {
   TORCH_CHECK(g_resolver, "aiter_sage: the binding was used before `import aiter_sage`");
   py::gil_scoped_acquire gil;
