@@ -1,9 +1,10 @@
 """What the Python entry points check before and after the binding runs a call.
 
-* :func:`check_fits` — a call whose prepared tensors, outputs and copies cannot fit in the
-  memory its device has free is refused with a :class:`MemoryError` *before* anything is
-  allocated (the binding would otherwise fill the machine until the OOM killer ends the
-  process: an expanded ``[1, 2**24, 8, 128]`` key is 16 GiB of INT8 codes and 16 GiB of V).
+* :func:`check_bytes` — the binding counts the bytes a validated call will allocate (prepared
+  tensors, outputs, copies) and asks here before its first allocation; a call that cannot fit
+  in the memory its device has free is refused with a :class:`MemoryError` (it would otherwise
+  fill the machine until the OOM killer ends the process: an expanded ``[1, 2**24, 8, 128]``
+  key is 16 GiB of INT8 codes and 16 GiB of V).
 * :func:`warn_outlier_blocks` — under ``AITER_SAGE_CHECK=1``, a 32-row Q or K block whose
   largest row dwarfs its typical row is named: per-block INT8 gives every row of a block the
   step of its largest, so one row ×30 puts the other 31 at rel L2 0.19 (0.028 elsewhere).
@@ -22,105 +23,23 @@ from typing import Optional
 
 import torch
 
-from . import backends, ref
+from . import ref
+
 
 # ----------------------------------------------------------------------------------------------
-# Memory: bytes a call allocates, and what its device has free
+# Memory: what a call allocates (counted by the binding), against what its device has free
 # ----------------------------------------------------------------------------------------------
-# The GPU prepare's V amax scratch: SAGE_V_AMAX_SPLITS (csrc/include/sage/params.h) partial
-# maxima per (batch, kv head, channel).
-V_AMAX_SPLITS = 16
-_F32, _I8 = 4, 1
-
-
 @dataclass(frozen=True)
 class Budget:
-    """Bytes of one call, by what holds them."""
+    """Bytes of one call, by what holds them (the binding's Budget, csrc/binding)."""
 
     prepared: int = 0  # INT8 Q/K, V codes and their scales (+ the smoothing's terms, scratch)
     output: int = 0  # the attention output and its LSE
-    copies: int = 0  # inputs copied to meet the kernels' alignment (Resolved.align_bytes)
+    copies: int = 0  # inputs copied to meet the kernels' 16-byte alignment (or FP32 RoPE tables)
 
     @property
     def total(self) -> int:
         return self.prepared + self.output + self.copies
-
-
-def _alignment_copy_bytes(t: Optional[torch.Tensor], align: int) -> int:
-    """The bytes of the copy the binding makes of `t` (``aligned_for``): rows that miss the
-    backend's alignment (`align` bytes, 0: none needed) are copied, materialized in full (an
-    expanded tensor becomes as large as its shape)."""
-    if t is None or not align:
-        return 0
-    es = t.element_size()
-    ok = t.data_ptr() % align == 0 and t.stride(-1) == 1
-    ok = ok and all(t.size(d) == 1 or (t.stride(d) * es) % align == 0 for d in range(t.dim() - 1))
-    return 0 if ok else t.numel() * es
-
-
-def alignment(device: torch.device, backend: str) -> int:
-    """The row alignment the binding will copy to: the call's backend record's. 0 where no
-    backend serves the device: the binding refuses such a call, with its own message (an input
-    error first), before it copies or allocates anything."""
-    try:
-        return backends.resolve(device, backend).align_bytes
-    except ValueError:
-        return 0
-
-
-def prepare_budget(
-    query, key, value, *, pv_dtype="fp8", smooth_k=False, backend="", norm_rope=()
-) -> Budget:
-    """What ``gfx1201_sage_prepare`` allocates for these inputs (``backend``: the normalised
-    name the call resolves to, '' for the automatic one)."""
-    b, sq, hq, d = query.shape
-    skv, hkv = key.shape[1], key.shape[2]
-    dp = ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
-    sq_pad, skv_pad = ref.padded_len(sq), ref.padded_len(skv)
-    v_bytes = 2 if pv_dtype == "fp16" else 1
-    prepared = b * sq_pad * hq * dp * _I8 + b * hq * (sq_pad // ref.SCALE_BLOCK) * _F32
-    prepared += b * skv_pad * hkv * dp * _I8 + b * hkv * (skv_pad // ref.SCALE_BLOCK) * _F32
-    prepared += b * hkv * dp * skv_pad * v_bytes + b * hkv * dp * _F32
-    prepared += b * hkv * V_AMAX_SPLITS * dp * _F32
-    if smooth_k:
-        prepared += b * hkv * dp * _F32 + b * hq * sq_pad * _F32
-    align = alignment(query.device, backend)
-    copies = sum(_alignment_copy_bytes(t, align) for t in (query, key, value, *norm_rope))
-    return Budget(prepared=prepared, copies=copies)
-
-
-def attention_budget(
-    query,
-    key,
-    value,
-    *,
-    pv_dtype="fp8",
-    smooth_k=False,
-    return_lse=False,
-    backend="",
-    norm_rope=(),
-) -> Budget:
-    """What ``gfx1201_sage_attention`` allocates: prepare's tensors, then the output."""
-    p = prepare_budget(
-        query, key, value, pv_dtype=pv_dtype, smooth_k=smooth_k, backend=backend,
-        norm_rope=norm_rope,
-    )  # fmt: skip
-    b, sq, hq, d = query.shape
-    out = b * sq * hq * d * query.element_size()
-    if return_lse:
-        out += b * hq * sq * _F32
-    return Budget(prepared=p.prepared, output=out, copies=p.copies)
-
-
-def fwd_budget(prepared, seq_len, *, out_dtype=None, return_lse=False, backend="") -> Budget:
-    """What ``gfx1201_sage_attention_fwd`` allocates on prepared tensors."""
-    q8 = prepared[0]
-    b, s_pad, hq, dp = q8.shape
-    es = torch.empty((), dtype=out_dtype or torch.bfloat16).element_size()
-    out = b * s_pad * hq * dp * es + (b * hq * s_pad * _F32 if return_lse else 0)
-    align = alignment(q8.device, backend)
-    copies = sum(_alignment_copy_bytes(t, align) for t in prepared)
-    return Budget(output=out, copies=copies)
 
 
 def _cgroup_free_bytes() -> Optional[int]:
@@ -214,6 +133,13 @@ def check_fits(budget: Budget, device: torch.device, op: str) -> None:
         f"{_fmt(free)} of {where} is free ({source}); nothing was allocated. Split the call "
         f"(fewer heads or batch entries at a time) or free memory"
     )
+
+
+def check_bytes(op: str, prepared: int, output: int, copies: int, device: str) -> None:
+    """The binding's memory guard (``set_memory_guard``): called with a validated call's byte
+    counts before its first allocation, in every entry point (the Python functions, direct
+    ``torch.ops.aiter`` calls, compiled graphs)."""
+    check_fits(Budget(prepared, output, copies), torch.device(device), op)
 
 
 # ----------------------------------------------------------------------------------------------

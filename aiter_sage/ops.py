@@ -118,6 +118,7 @@ def _register() -> None:
     # Every op call asks backends.resolve for its record: the one reading of `backend` and
     # $AITER_SAGE_BACKEND (a dict lookup after the first call of a device and name).
     binding.set_backend_resolver(backends.resolve)
+    binding.set_memory_guard(guards.check_bytes)
     _define_schemas()
     binding.register_ops()
     _register_fakes(binding)
@@ -360,37 +361,19 @@ def lse_bound(query, key, softmax_scale, kv_len: int) -> float:
     return abs(scale) * qn * kn * 1.01 + math.log(max(kv_len, 1)) + 1.0
 
 
-def _inputs_4d(*tensors) -> bool:
-    return all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in tensors)
-
-
-def _norm_rope(a: dict) -> tuple:
-    return tuple(a[n] for n in ("query_weight", "key_weight", "cosine", "sine") if a[n] is not None)
-
-
-def _guard_inputs(a: dict, op: str, *, lse: bool = False) -> None:
-    """Before the binding allocates: refuse what cannot fit (MemoryError), and under
-    AITER_SAGE_CHECK=1 name outlier Q/K blocks. Inputs the binding will refuse anyway (not
-    4-D tensors) are left to its checks."""
-    q, k, v = a["query"], a["key"], a["value"]
-    if torch.compiler.is_compiling() or not _inputs_4d(q, k, v):
-        return  # traced: fake tensors allocate nothing (the compiled call runs the real op)
-    kw = dict(
-        pv_dtype=a["pv_dtype"],
-        smooth_k=a["smooth_k"],
-        backend=backends.requested(a["backend"]),
-        norm_rope=_norm_rope(a),
-    )
-    if op == "gfx1201_sage_prepare":
-        budget = guards.prepare_budget(q, k, v, **kw)
-    else:
-        budget = guards.attention_budget(q, k, v, return_lse=lse, **kw)
-    guards.check_fits(budget, q.device, op)
-    if check_enabled():
-        guards.warn_outlier_blocks(
-            q, k, smooth_k=a["smooth_k"], query_weight=a["query_weight"],
-            key_weight=a["key_weight"], eps=a["eps"], op=op,
-        )  # fmt: skip
+def _warn_outliers(a: dict, op: str) -> None:
+    """AITER_SAGE_CHECK=1: name the Q/K blocks whose INT8 scale one outlier row sets (inputs
+    the binding will refuse anyway, not 4-D tensors, are left to its checks; nothing while
+    torch.compile traces)."""
+    q, k = a["query"], a["key"]
+    if torch.compiler.is_compiling() or not check_enabled():
+        return
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)):
+        return
+    guards.warn_outlier_blocks(
+        q, k, smooth_k=a["smooth_k"], query_weight=a["query_weight"],
+        key_weight=a["key_weight"], eps=a["eps"], op=op,
+    )  # fmt: skip
 
 
 def _call(sig, a: dict, lse: bool = False):
@@ -442,7 +425,7 @@ def _public(sig, doc: str, extra=()):
 )
 def gfx1201_sage_prepare(a) -> Prepared:
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS), op="gfx1201_sage_prepare")
-    _guard_inputs(a, "gfx1201_sage_prepare")
+    _warn_outliers(a, "gfx1201_sage_prepare")
     q8, q_scale, k8, k_scale, v_codes, v_scale = _call(signatures.PREPARE, a)
     if v_codes.dtype == torch.uint8:  # fp8 mode: e4m3 bits (float16 codes in fp16 mode)
         v_codes = v_codes.view(torch.float8_e4m3fn)
@@ -471,17 +454,6 @@ def gfx1201_sage_attention_fwd(a):
     v = a["v_fp8"]
     a["v_fp8"] = v.view(torch.uint8) if v.dtype == torch.float8_e4m3fn else v
     lse = a.pop("return_lse")
-    prepared = [a[n] for n in ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale")]
-    tensors = all(isinstance(t, torch.Tensor) for t in prepared)
-    if not torch.compiler.is_compiling() and tensors and _inputs_4d(prepared[0]):
-        budget = guards.fwd_budget(
-            prepared,
-            a["seq_len"],
-            out_dtype=a["out_dtype"],
-            return_lse=lse,
-            backend=backends.requested(a["backend"]),
-        )
-        guards.check_fits(budget, prepared[0].device, "gfx1201_sage_attention_fwd")
     result = _call(signatures.ATTENTION_FWD, a, lse)
     if check_enabled():
         out, lse_t = result if lse else (result, None)
@@ -507,7 +479,7 @@ def gfx1201_sage_attention_fwd(a):
 def gfx1201_sage_attention(a):
     check_no_grad(*(a[n] for n in _TENSOR_INPUTS))
     lse = a.pop("return_lse")
-    _guard_inputs(a, "gfx1201_sage_attention", lse=lse)
+    _warn_outliers(a, "gfx1201_sage_attention")
     result = _call(signatures.ATTENTION, a, lse)
     if check_enabled():
         out, lse_t = result if lse else (result, None)

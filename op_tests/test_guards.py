@@ -38,6 +38,8 @@ calls = {
     "gfx1201_sage_prepare": lambda: aiter_sage.gfx1201_sage_prepare(q, k, k),
     "sageattn": lambda: aiter_sage.sageattn(q, k, k, tensor_layout="NHD"),
     "sdpa": lambda: aiter_sage.sdpa(*(t.transpose(1, 2) for t in (q, k, k))),
+    "torch.ops": lambda: torch.ops.aiter.gfx1201_sage_attention(q, k, k),
+    "compiled": lambda: torch.compile(aiter_sage.gfx1201_sage_attention, backend="eager")(q, k, k),
 }
 res = {}
 for name, call in calls.items():
@@ -62,10 +64,27 @@ def test_a_call_that_cannot_fit_is_refused_before_allocating():
         assert "of host memory is free" in msg and "nothing was allocated" in msg, (name, msg)
 
 
-def test_the_limit_is_the_free_memory(monkeypatch):
-    """Below the free memory a call runs; above it the same call is refused, naming both."""
+@pytest.fixture
+def budgets(monkeypatch):
+    """The byte counts the binding reports to its memory guard, one (op, Budget) per call."""
+    seen = []
+    real = guards.check_fits
+
+    def recording(budget, device, op):
+        seen.append((op, budget))
+        return real(budget, device, op)
+
+    monkeypatch.setattr(guards, "check_fits", recording)
+    return seen
+
+
+def test_the_limit_is_the_free_memory(monkeypatch, budgets):
+    """Below the free memory a call runs; above it the same call is refused, naming both;
+    direct torch.ops calls are guarded as the Python functions are."""
     q = bshd(1, 64, 2, seed=1)
-    need = guards.attention_budget(q, q, q).total
+    with torch.no_grad():
+        aiter_sage.gfx1201_sage_attention(q, q, q)
+    need = budgets[-1][1].total
     monkeypatch.setattr(guards, "host_free_bytes", lambda: (need, "test"))
     with torch.no_grad():
         aiter_sage.gfx1201_sage_attention(q, q, q)
@@ -73,11 +92,22 @@ def test_the_limit_is_the_free_memory(monkeypatch):
     with pytest.raises(MemoryError, match=r"but only .* of host memory is free \(test\)"):
         aiter_sage.gfx1201_sage_attention(q, q, q)
     with pytest.raises(MemoryError):
+        torch.ops.aiter.gfx1201_sage_attention(q, q, q)
+    with pytest.raises(MemoryError):
         aiter_sage.sageattn(q, q, q, tensor_layout="NHD")
+    monkeypatch.setattr(guards, "host_free_bytes", lambda: (1 << 40, "test"))
     p = aiter_sage.gfx1201_sage_prepare(q[:, :32], q[:, :32], q[:, :32])
     monkeypatch.setattr(guards, "host_free_bytes", lambda: (0, "test"))
     with pytest.raises(MemoryError, match="gfx1201_sage_attention_fwd would allocate"):
         aiter_sage.gfx1201_sage_attention_fwd(*p, 32)
+
+
+def test_validation_comes_before_the_memory_check():
+    """An input the contract refuses gets its own error, whatever its size would need."""
+    q = bshd(1, 32, 2, seed=2)
+    too_long = q[:, :1].expand(1, 2**26, 2, 128)
+    with pytest.raises(ValueError, match="sequence lengths must be <="):
+        aiter_sage.gfx1201_sage_attention(too_long, q, q)
 
 
 @pytest.mark.parametrize(
@@ -88,35 +118,43 @@ def test_the_limit_is_the_free_memory(monkeypatch):
         (64, 96, 3, 1, 64, "fp8", True),
     ],
 )
-def test_budgets_count_what_the_binding_returns(sq, skv, hq, hkv, d, pv, smooth):
+def test_budgets_count_what_the_binding_returns(budgets, sq, skv, hq, hkv, d, pv, smooth):
     """The prepared tensors a call returns are exactly the budget's, less the scratch that
     stays inside the binding (the GPU prepare's V amax partials, the smoothing's K mean and
     LSE term); the output is exactly the budget's output."""
     q, k, v = bshd(2, sq, hq, d, seed=2), bshd(2, skv, hkv, d, seed=3), bshd(2, skv, hkv, d, seed=4)
     prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, smooth_k=smooth, pv_dtype=pv)
-    b = guards.prepare_budget(q, k, v, pv_dtype=pv, smooth_k=smooth)
+    op, b = budgets[-1]
+    assert op == "gfx1201_sage_prepare"
     dp = ref.padded_head_dim(d)
-    scratch = 2 * hkv * guards.V_AMAX_SPLITS * dp * 4
+    scratch = 2 * hkv * 16 * dp * 4  # SAGE_V_AMAX_SPLITS partial maxima per channel
     if smooth:
         scratch += 2 * hkv * dp * 4 + 2 * hq * ref.padded_len(sq) * 4
     assert b.prepared - scratch == sum(t.nbytes for t in prepared) and b.copies == 0
-    out, lse = aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True)
-    a = guards.attention_budget(q, k, v, return_lse=True)
-    assert a.output == out.nbytes + lse.nbytes
+    out, lse = aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True, smooth_k=smooth)
+    op, a = budgets[-1]
+    assert op == "gfx1201_sage_attention" and a.output == out.nbytes + lse.nbytes
+    assert a.prepared == b.prepared or pv == "fp16"  # the attention's own prepare is FP8 P.V
     fwd = aiter_sage.gfx1201_sage_attention_fwd(*prepared, sq, kv_len=skv, return_lse=True)
-    assert guards.fwd_budget(prepared, sq, return_lse=True).output == sum(t.nbytes for t in fwd)
+    op, f = budgets[-1]
+    assert op == "gfx1201_sage_attention_fwd" and f.output == sum(t.nbytes for t in fwd)
+    assert f.prepared == 0
 
 
-def test_alignment_copies_are_counted_where_the_binding_makes_them():
+def test_alignment_copies_are_counted_where_the_binding_makes_them(budgets):
+    if "emu" not in BACKENDS:
+        pytest.skip("the emulator backend is not present")
     x = bshd(1, 64, 2, 72, seed=5)
     view = x[..., 1:65]  # rows at a 2-byte offset: copied for the 128-bit loads of emu / GPUs
-    assert guards.prepare_budget(view, view, view, backend="cpu").copies == 0
-    assert guards.prepare_budget(view, view, view, backend="emu").copies == 3 * view.numel() * 2
-    fresh = bshd(1, 64, 2, 64, seed=6)
-    assert guards.prepare_budget(fresh, fresh, fresh, backend="emu").copies == 0
+    aiter_sage.gfx1201_sage_prepare(view, view, view, backend="cpu")
+    assert budgets[-1][1].copies == 0
+    aiter_sage.gfx1201_sage_prepare(view, view, view, backend="emu")
+    assert budgets[-1][1].copies == 3 * view.numel() * 2
     # an expanded key (stride 0 on the sequence) meets the rule: read in place, not copied
+    fresh = bshd(1, 64, 2, 64, seed=6)
     expanded = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16).expand(1, 4096, 2, 64)
-    assert guards.prepare_budget(fresh, expanded, expanded, backend="emu").copies == 0
+    aiter_sage.gfx1201_sage_prepare(fresh, expanded, expanded, backend="emu")
+    assert budgets[-1][1].copies == 0
 
 
 # ------------------------------------------------------------------------------ outlier blocks

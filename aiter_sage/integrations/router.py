@@ -178,14 +178,8 @@ def kernel_attention(q, k, v, *, layout, is_causal, scale, smooth_k, return_lse,
         ops._register()
     qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
     scale = None if scale is None else float(scale)
-    if not torch.compiler.is_compiling():
-        name = backends.requested(backend)
-        budget = guards.attention_budget(
-            qn, kn, vn, smooth_k=bool(smooth_k), return_lse=bool(return_lse), backend=name
-        )
-        guards.check_fits(budget, qn.device, "aiter_sage attention")
-        if ops.check_enabled():
-            guards.warn_outlier_blocks(qn, kn, smooth_k=bool(smooth_k), op="aiter_sage attention")
+    if not torch.compiler.is_compiling() and ops.check_enabled():
+        guards.warn_outlier_blocks(qn, kn, smooth_k=bool(smooth_k), op="aiter_sage attention")
     kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
     aiter = torch.ops.aiter
     if return_lse:

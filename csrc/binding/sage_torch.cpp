@@ -331,12 +331,16 @@ void check_int32(int64_t v, const char* what) {
 // GPU kernels and the gfx12 emulator use 128-bit loads: copy a tensor whose base or rows miss
 // the backend's alignment (Backend::align_bytes; a fresh contiguous allocation meets it), as a
 // GPU path must. The cpu kernels (align_bytes 0) take any layout with a contiguous last dim.
-at::Tensor aligned_for(const at::Tensor& t, int64_t align_bytes) {
-  if (align_bytes == 0) return t;
+bool meets_alignment(const at::Tensor& t, int64_t align_bytes) {
+  if (align_bytes == 0) return true;
   bool ok = reinterpret_cast<uintptr_t>(t.data_ptr()) % align_bytes == 0 && t.stride(-1) == 1;
   for (int64_t d = 0; d + 1 < t.dim(); ++d)
     ok = ok && (t.size(d) == 1 || (t.stride(d) * t.element_size()) % align_bytes == 0);
-  return ok ? t : t.clone(at::MemoryFormat::Contiguous);
+  return ok;
+}
+
+at::Tensor aligned_for(const at::Tensor& t, int64_t align_bytes) {
+  return meets_alignment(t, align_bytes) ? t : t.clone(at::MemoryFormat::Contiguous);
 }
 
 void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -607,6 +611,52 @@ struct PrepareResult {
   at::Tensor lse_corr;  // defined with smooth_k: the LSE term of the smoothing
 };
 
+// ---------------------------------------------------------------------------------------------
+// Refusing a call that cannot fit. Before the first allocation the bytes a validated call will
+// allocate go to aiter_sage.guards.check_bytes, which compares them with the device's free
+// memory and raises MemoryError naming both (an expanded [1, 2^24, 8, 128] key is 32 GiB of
+// prepared tensors: without the check they filled the machine until the OOM killer came). The
+// counts follow run_prepare's and run_attention's allocations; op_tests/test_guards.py compares
+// them with the tensors a call returns.
+// ---------------------------------------------------------------------------------------------
+struct Budget {
+  int64_t prepared = 0;  // prepared tensors, their scales and the prepare's scratch
+  int64_t output = 0;    // the attention output and its LSE
+  int64_t copies = 0;    // inputs copied to meet the backend's alignment or dtype
+};
+
+int64_t copy_bytes(const at::Tensor& t, int64_t align_bytes) {
+  return meets_alignment(t, align_bytes) ? 0 : t.numel() * t.element_size();
+}
+
+void add_prepare(Budget& b, const SageParams& p, const at::Tensor& q, const at::Tensor& k,
+                 const at::Tensor& v, const NormRope& nr, int64_t align) {
+  const int64_t B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Dp = p.head_dim_pad;
+  const int64_t v_code = p.pv_dtype == SAGE_PV_FP16 ? 2 : 1, f32 = 4;
+  b.prepared += B * p.q_len_pad * Hq * Dp + B * Hq * sage::scale_blocks(p.q_len_pad) * f32;
+  b.prepared += B * p.kv_len_pad * Hkv * Dp + B * Hkv * sage::scale_blocks(p.kv_len_pad) * f32;
+  b.prepared += B * Hkv * Dp * p.kv_len_pad * v_code + B * Hkv * Dp * f32;
+  b.prepared += B * Hkv * SAGE_V_AMAX_SPLITS * Dp * f32;
+  if (p.smooth_k) b.prepared += B * Hkv * Dp * f32 + B * Hq * p.q_len_pad * f32;
+  b.copies += copy_bytes(q, align) + copy_bytes(k, align) + copy_bytes(v, align);
+  for (const auto* t : {&nr.cos, &nr.sin})  // converted to FP32 and made contiguous
+    if (*t) b.copies += (*t)->numel() * f32;
+}
+
+void add_attention(Budget& b, const SageParams& p, bool return_lse) {
+  const int64_t out_bytes = 2;  // BF16 or FP16 (SageDtype)
+  b.output += int64_t(p.batch) * p.out_rows * p.heads_q * p.head_dim * out_bytes;
+  if (return_lse) b.output += int64_t(p.batch) * p.heads_q * p.out_rows * 4;
+}
+
+py::object* g_memory_guard = nullptr;  // leaked on purpose, as g_resolver
+
+void check_fits(const Budget& b, const at::Device& device, const char* op) {
+  if (!g_memory_guard) return;
+  py::gil_scoped_acquire gil;
+  (*g_memory_guard)(op, b.prepared, b.output, b.copies, device.str());
+}
+
 // Allocates prepare's outputs for the validated `p`, fills their pointers into it, launches.
 PrepareResult run_prepare(SageParams& p, const at::Tensor& q_in, const at::Tensor& k_in,
                           const at::Tensor& v_in, const NormRope& nr, const Backend& be) {
@@ -726,6 +776,9 @@ PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const a
   SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
   validate(p, Check::kPrepare);
   const Backend& be = backend_for(query.device(), backend);
+  Budget budget;
+  add_prepare(budget, p, query, key, value, nr, be.align_bytes);
+  check_fits(budget, query.device(), "gfx1201_sage_prepare");
   return run_prepare(p, query, key, value, nr, be).prepared;
 }
 
@@ -739,6 +792,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
   SageParams p = fwd_params(in, seq_len, kv_len, is_causal, resolve_out_dtype(out_dtype), false);
   validate(p, Check::kAttention);
   const Backend& be = backend_for(q_int8.device(), backend);
+  Budget budget;
+  add_attention(budget, p, return_lse);
+  for (const at::Tensor* t : {&q_int8, &q_scale, &k_int8, &k_scale, &v_fp8, &v_scale})
+    budget.copies += copy_bytes(*t, be.align_bytes);
+  check_fits(budget, q_int8.device(), "gfx1201_sage_attention_fwd");
   return run_attention(p, in, return_lse, be);
 }
 
@@ -774,6 +832,10 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
   set_attention_fields(p, is_causal);
   validate(p, Check::kPrepareThenAttention);
   const Backend& be = backend_for(query.device(), backend);
+  Budget budget;
+  add_prepare(budget, p, query, key, value, nr, be.align_bytes);
+  add_attention(budget, p, return_lse);
+  check_fits(budget, query.device(), "gfx1201_sage_attention");
   PrepareResult pr = run_prepare(p, query, key, value, nr, be);  // keeps lse_corr alive
   auto& [q8, qs, k8, ks, v8, vs] = pr.prepared;
   return run_attention(p, {q8, qs, k8, ks, v8, vs}, return_lse, be);
@@ -876,6 +938,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_backend_resolver", [](py::object fn) {
     if (!g_resolver) g_resolver = new py::object();
     *g_resolver = std::move(fn);
+  });
+  // fn(op, prepared_bytes, output_bytes, copy_bytes, device: str): raises if they cannot fit.
+  m.def("set_memory_guard", [](py::object fn) {
+    if (!g_memory_guard) g_memory_guard = new py::object();
+    *g_memory_guard = std::move(fn);
   });
   m.def("loaded_modules", &loaded_modules);
   m.def("check_params_calls", &check_params_calls);
