@@ -8,6 +8,7 @@ Importing registers torch.ops.aiter.gfx1201_sage_{prepare,attention_fwd,attentio
 
 # SageAttention's sageattn, the SDPA drop-in and the context manager routing SDPA through it.
 from .integrations.router import route_sdpa, sageattn, sdpa  # noqa: F401
+from .integrations.varlen import sageattn_varlen  # noqa: F401
 from .ops import (  # noqa: F401
     BACKENDS,
     OpNamespaceConflict,

@@ -14,8 +14,15 @@ that, by :func:`plan`:
 * a mask that differs between heads makes each (batch, head) pair its own batch entry (the
   query heads of a GQA group ride along; K/V are expanded only when the mask differs inside a
   group);
-* causal with a mask that has holes cannot be compacted (compaction moves keys, and causal
-  compares positions): :func:`plan` says so and the caller runs SDPA.
+* a mask whose query rows take a few distinct patterns (at most ``MAX_ROW_PATTERNS`` per batch
+  entry: HunyuanVideo's token refiner masks real rows by the text length and padded rows down
+  to key 0) makes each (batch, pattern) pair its own entry holding the rows of that pattern;
+* additive masks: 0 keeps a key, -inf or anything ``MASKED_BIAS_GAP`` or more below the row's
+  largest value masks it (a row's scores move by one constant, which the softmax removes:
+  LTX's -10000 padding bias is a key mask); other values are a bias, not a mask;
+* causal with a mask that has holes, or with a mask that varies along the queries, cannot be
+  compacted (compaction moves keys, and causal compares positions): :func:`plan` says so and
+  the caller runs SDPA.
 
 A row whose keys are all masked gets 0 (and LSE -inf), as torch's SDPA gives it (torch >= 2.5;
 older releases gave NaN).
@@ -43,33 +50,62 @@ class KeyMaskPlan:
     value: torch.Tensor
     kv_lens: Optional[torch.Tensor]  # int32 [B'], None: every key of every entry is kept
     fold: Optional[tuple]  # (B, Hq, G): entries are (batch, head group) pairs; None: as given
+    # Query-row grouping (masks that vary along the queries): (batch, row) of each real row
+    # and its (entry, slot) in the kernels' batch; None: entry b holds batch b's rows.
+    rows: Optional[tuple] = None
+    shape: tuple = ()  # (B, Sq, Hq, D) of the call
 
-    def unfold(self, out: torch.Tensor) -> torch.Tensor:
-        """The kernels' output [B', Sq, G, D] back to [B, Sq, Hq, D]; rows that see no key at
-        all are 0, as torch's SDPA gives them (since torch 2.5; before, NaN)."""
-        if self.kv_lens is not None:
-            out = out.masked_fill((self.kv_lens == 0)[:, None, None, None], 0.0)
+    def _unfold_heads(self, out: torch.Tensor) -> torch.Tensor:
         if self.fold is None:
             return out
         b, hq, g = self.fold
         sq, d = out.shape[1], out.shape[3]
         return out.reshape(b, hq // g, sq, g, d).permute(0, 2, 1, 3, 4).reshape(b, sq, hq, d)
 
+    def unfold(self, out: torch.Tensor) -> torch.Tensor:
+        """The kernels' output [B', R, G, D] back to [B, Sq, Hq, D]; rows that see no key at all
+        are 0, as torch's SDPA gives them (since torch 2.5; before, NaN)."""
+        if self.kv_lens is not None:
+            out = out.masked_fill((self.kv_lens == 0)[:, None, None, None], 0.0)
+        out = self._unfold_heads(out)
+        if self.rows is None:
+            return out
+        (bi, qi), (ei, ri) = self.rows
+        full = out.new_zeros(self.shape)
+        full[bi, qi] = out[ei, ri]
+        return full
+
     def unfold_lse(self, lse: torch.Tensor) -> torch.Tensor:
-        """The kernels' LSE [B', G, Sq] back to [B, Hq, Sq]."""
-        if self.fold is None:
+        """The kernels' LSE [B', G, R] back to [B, Hq, Sq]."""
+        if self.fold is not None:
+            b, hq, g = self.fold
+            lse = lse.reshape(b, hq, lse.shape[-1])
+        if self.rows is None:
             return lse
-        b, hq, g = self.fold
-        return lse.reshape(b, hq, lse.shape[-1])
+        (bi, qi), (ei, ri) = self.rows
+        b, sq, hq, _ = self.shape
+        full = lse.new_full((b, hq, sq), -math.inf)
+        full[bi, :, qi] = lse[ei, :, ri]
+        return full
+
+
+# Distinct query-row patterns of one batch entry that become entries of their own; more than
+# this (a mask that truly varies per query, e.g. block-sparse or sliding-window) runs SDPA.
+MAX_ROW_PATTERNS = 4
+# An additive mask value this far below its row's largest value weighs exp(-1000) relative to
+# it: below FP32's smallest subnormal unless the row's scores span more than ~900 (they span
+# tens): exactly a masked key in FP32 arithmetic. diffusers' padding bias is -10000.
+MASKED_BIAS_GAP = 1000.0
 
 
 def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int) -> Optional[str]:
-    """None when ``attn_mask`` (SDPA's broadcasting rules, against scores [B, Hq, Sq, Skv]) varies
-    along the key axis only and is boolean or 0/-inf; else why the kernels cannot take it. Reads
-    only shapes and dtypes (the values are checked by :func:`keep_of`)."""
+    """None when ``attn_mask`` (SDPA's broadcasting rules, against scores [B, Hq, Sq, Skv]) can
+    run on the kernels as key masks — boolean or additive, varying along the keys (and, with one
+    mask for every head, along the queries in a few row patterns: :func:`keep_of` counts them);
+    else why not. Reads only shapes and dtypes."""
     if not isinstance(attn_mask, torch.Tensor):
         return "attn_mask is not a tensor"
-    if attn_mask.is_floating_point() is False and attn_mask.dtype != torch.bool:
+    if not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool:
         return f"attn_mask of dtype {attn_mask.dtype} (boolean or additive float masks only)"
     if attn_mask.dim() == 0 or attn_mask.dim() > 4:
         return f"a {attn_mask.dim()}-D attn_mask"
@@ -78,29 +114,65 @@ def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int
     for n, w in zip(shape, want):
         if n not in (1, w):
             return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {want}"
-    if shape[2] != 1 and q_len != 1:
-        return "attn_mask varies along the queries (the kernels take key masks only)"
-    if shape[3] == 1 and kv_len != 1:
-        return "attn_mask does not vary along the keys"  # a per-row constant: not a key mask
+    if shape[2] != 1 and shape[1] != 1:
+        return "attn_mask varies along the queries and the heads (the kernels take key masks)"
     return None
 
 
-def keep_of(attn_mask: torch.Tensor, batch: int, heads_q: int, kv_len: int):
-    """The kept keys ``[B, Hm, Skv]`` (Hm 1 or Hq) of a key mask that passed
-    :func:`key_mask_reason`, or (None, reason) when its values are not a key mask the kernels
-    can take (an additive mask with values other than 0 and -inf: a bias, not a mask)."""
-    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
-    m = m[:, :, 0, :]  # [B or 1, H or 1, Skv or 1]
+def _keep_of_values(m: torch.Tensor):
+    """Kept keys of mask values ``m`` [..., Skv], or (None, reason) for a bias."""
     if m.dtype == torch.bool:
-        keep = m
-    else:
-        keep = m == 0
-        if not bool(((m == 0) | (m == -math.inf)).all()):
-            return None, "additive attn_mask with values other than 0 and -inf (a bias)"
-    keep = keep.expand(batch, keep.shape[1], kv_len)
-    if keep.shape[1] != 1 and bool((keep == keep[:, :1]).all()):
-        keep = keep[:, :1]  # the same for every head
-    return keep, None
+        return m, None
+    mf = m.float()
+    top = mf.amax(-1, keepdim=True)
+    keep = mf == top
+    masked = (mf <= top - MASKED_BIAS_GAP) | (mf == -math.inf)
+    if not bool((keep | masked).all()):
+        return None, (
+            f"additive attn_mask with values that are neither its row's largest nor "
+            f"{MASKED_BIAS_GAP:g} below it (a bias, not a mask)"
+        )
+    return keep & (top > -math.inf), None
+
+
+def keep_of(attn_mask: torch.Tensor, batch: int, heads_q: int, kv_len: int):
+    """(keep, rows, None): the kept keys ``keep`` [B', Hm, Skv] (Hm 1 or Hq) of a mask that passed
+    :func:`key_mask_reason`, and ``rows`` — None when the mask does not vary along the queries,
+    else (entry_of_batch [B'], row_index [B', R], row_count [B']) grouping each batch entry's
+    query rows by pattern; or (None, None, reason)."""
+    m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+    keep, why = _keep_of_values(m)
+    if why:
+        return None, None, why
+    if keep.shape[2] == 1:
+        keep = keep[:, :, 0, :].expand(batch, keep.shape[1], kv_len)
+        if keep.shape[1] != 1 and bool((keep == keep[:, :1]).all()):
+            keep = keep[:, :1]  # the same for every head
+        return keep, None, None
+    keep = keep[:, 0].expand(batch, keep.shape[2], kv_len)  # [B, Sq, Skv], one for every head
+    entries, rows, counts, patterns = [], [], [], []
+    for b in range(batch):
+        uniq, inverse = torch.unique(keep[b], dim=0, return_inverse=True)
+        if uniq.shape[0] > MAX_ROW_PATTERNS:
+            return (
+                None,
+                None,
+                (
+                    f"attn_mask varies along the queries in more than {MAX_ROW_PATTERNS} "
+                    f"row patterns"
+                ),
+            )
+        for u in range(uniq.shape[0]):
+            idx = (inverse == u).nonzero().flatten()
+            entries.append(b)
+            rows.append(idx)
+            counts.append(idx.numel())
+            patterns.append(uniq[u])
+    width = max(counts)
+    row_index = torch.stack([torch.nn.functional.pad(r, (0, width - r.numel())) for r in rows])
+    keep = torch.stack(patterns)[:, None, :]
+    grouping = (torch.tensor(entries), row_index, torch.tensor(counts))
+    return keep, grouping, None
 
 
 def _is_suffix_padding(keep: torch.Tensor, lens: torch.Tensor) -> bool:
@@ -109,9 +181,32 @@ def _is_suffix_padding(keep: torch.Tensor, lens: torch.Tensor) -> bool:
     return bool((keep == (idx < lens[..., None])).all())
 
 
-def plan(q, k, v, keep: torch.Tensor, *, is_causal: bool = False):
+def _group_rows(q, k, v, grouping):
+    """Each (batch, row pattern) entry's query rows gathered into an entry of its own (padded
+    with row 0 of its batch entry, whose results are dropped), with its batch entry's K and V."""
+    entry_of, row_index, counts = grouping
+    slots = torch.arange(row_index.shape[1])
+    real = slots[None, :] < counts[:, None]  # [B', R]
+    ei, ri = real.nonzero(as_tuple=True)
+    rows = (
+        (entry_of[ei].to(q.device), row_index[ei, ri].to(q.device)),
+        (ei.to(q.device), ri.to(q.device)),
+    )
+    dev_entry, dev_rows = entry_of.to(q.device), row_index.to(q.device)
+    qg = q[dev_entry[:, None], dev_rows]  # [B', R, Hq, D]
+    return qg, k[dev_entry], v[dev_entry], rows
+
+
+def plan(q, k, v, keep: torch.Tensor, grouping=None, *, is_causal: bool = False):
     """A :class:`KeyMaskPlan` for q [B, Sq, Hq, D], k and v [B, Skv, Hkv, D] (NHD) under the
-    kept keys ``keep`` [B, Hm, Skv] (Hm 1 or Hq); or (None, reason)."""
+    kept keys ``keep`` [B', Hm, Skv] (Hm 1 or Hq) and :func:`keep_of`'s row ``grouping``; or
+    (None, reason)."""
+    shape = tuple(q.shape)
+    rows = None
+    if grouping is not None:
+        if is_causal:
+            return None, "causal with a mask that varies along the queries"
+        q, k, v, rows = _group_rows(q, k, v, grouping)
     b, sq, hq, d = q.shape
     skv, hkv = k.shape[1], k.shape[2]
     g = hq // hkv
@@ -130,9 +225,10 @@ def plan(q, k, v, keep: torch.Tensor, *, is_causal: bool = False):
         fold = (b, hq, g)
     else:
         keep = keep[:, 0]
+    keep = keep.to(k.device)
     lens = keep.sum(-1, dtype=torch.int32)
     if bool((lens == skv).all()):
-        return KeyMaskPlan(q, k, v, None, fold), None
+        return KeyMaskPlan(q, k, v, None, fold, rows, shape), None
     if not _is_suffix_padding(keep, lens):
         if is_causal:
             return None, "causal with a key mask that has holes (compaction moves keys)"
@@ -141,4 +237,4 @@ def plan(q, k, v, keep: torch.Tensor, *, is_causal: bool = False):
         width = max(int(lens.max()), 1)
         index = order[:, :width, None, None].expand(-1, -1, k.shape[2], d)
         k, v = (torch.gather(t, 1, index) for t in (k, v))
-    return KeyMaskPlan(q, k, v, lens, fold), None
+    return KeyMaskPlan(q, k, v, lens, fold, rows, shape), None

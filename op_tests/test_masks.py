@@ -52,9 +52,9 @@ def lengths_rule(p: masks.KeyMaskPlan, is_causal=False):
 def run_plan(q, k, v, mask, is_causal=False):
     b, sq, hq, _ = q.shape
     assert masks.key_mask_reason(mask, b, hq, sq, k.shape[1]) is None
-    keep, why = masks.keep_of(mask, b, hq, k.shape[1])
+    keep, grouping, why = masks.keep_of(mask, b, hq, k.shape[1])
     assert why is None
-    p, why = masks.plan(q, k, v, keep, is_causal=is_causal)
+    p, why = masks.plan(q, k, v, keep, grouping, is_causal=is_causal)
     assert why is None, why
     return p
 
@@ -155,8 +155,8 @@ def test_causal_with_suffix_padding_and_refusal_with_holes():
     assert_same(lengths_rule(p, is_causal=True), sdpa_nhd(q, k, v, both))
     holes = mask.clone()
     holes[0, ..., 4] = False
-    keep, _ = masks.keep_of(holes, 2, 2, 20)
-    plan, why = masks.plan(q, k, v, keep, is_causal=True)
+    keep, grouping, _ = masks.keep_of(holes, 2, 2, 20)
+    plan, why = masks.plan(q, k, v, keep, grouping, is_causal=True)
     assert plan is None and "holes" in why
 
 
@@ -169,10 +169,8 @@ def test_all_kept_needs_no_lengths():
 @pytest.mark.parametrize(
     "mask_shape,why",
     [
-        ((2, 1, 8, 30), "varies along the queries"),
-        ((8, 30), "varies along the queries"),  # SDPA reads a 2-D mask as [Sq, Skv]
+        ((2, 2, 8, 30), "varies along the queries and the heads"),
         ((2, 1, 1, 29), "does not broadcast"),
-        ((2, 1, 8, 1), "varies along the queries"),
         ((2, 2, 2, 1, 30), "5-D"),
     ],
 )
@@ -181,12 +179,48 @@ def test_masks_that_are_not_key_masks(mask_shape, why):
     assert why in masks.key_mask_reason(mask, 2, 2, 8, 30)
 
 
-def test_bias_masks_are_not_key_masks():
+def test_query_rows_in_a_few_patterns_become_entries():
+    """HunyuanVideo's token refiner: real rows see the real text keys, padded rows key 0 only
+    (a mask that varies along the queries in two patterns per batch entry)."""
+    b, s = 2, 24
+    valid = torch.zeros(b, s, dtype=torch.bool)
+    valid[0, :24], valid[1, :9] = True, True
+    m = valid[:, None, None, :] & valid[:, None, :, None]
+    m[:, :, :, 0] = True
+    q, k, v = nhd(b, s, 2, seed=27), nhd(b, s, 2, seed=28), nhd(b, s, 2, seed=29)
+    p = run_plan(q, k, v, m)
+    assert p.rows is not None and p.query.shape[0] == 3  # entry 0: one pattern; entry 1: two
+    assert_same(lengths_rule(p), sdpa_nhd(q, k, v, m))
+    # A 2-D [Sq, Skv] mask (SDPA's reading) in few patterns, e.g. rows that see a prefix each:
+    two = torch.ones(s, s, dtype=torch.bool)
+    two[12:, 5:] = False
+    assert_same(lengths_rule(run_plan(q, k, v, two)), sdpa_nhd(q, k, v, two))
+
+
+def test_masks_varying_per_query_beyond_the_pattern_limit_are_refused():
+    tril = torch.ones(30, 30, dtype=torch.bool).tril()  # causal as a mask: 30 patterns
+    keep, grouping, why = masks.keep_of(tril, 1, 2, 30)
+    assert keep is None and f"more than {masks.MAX_ROW_PATTERNS} row patterns" in why
+
+
+def test_bias_masks_are_not_key_masks_but_padding_biases_are():
     assert "dtype" in masks.key_mask_reason(torch.ones(2, 1, 1, 30, dtype=torch.int32), 2, 2, 8, 30)
     bias = torch.zeros(2, 1, 1, 30)
-    bias[..., 3] = -1e4  # large but finite: a bias (an all-masked row would differ from SDPA)
-    keep, why = masks.keep_of(bias, 2, 2, 30)
-    assert keep is None and "other than 0 and -inf" in why
+    bias[..., 3] = -5.0  # a bias: the key keeps a (smaller) weight
+    keep, _, why = masks.keep_of(bias, 2, 2, 30)
+    assert keep is None and "a bias, not a mask" in why
+    # LTX's padding: (1 - mask) * -10000 in the model's dtype, [B, H, 1, Skv]
+    q, k, v = nhd(2, 8, 2, seed=30), nhd(2, 30, 2, seed=31), nhd(2, 30, 2, seed=32)
+    keep01 = suffix_mask(2, 30, [30, 7]).expand(2, 2, 1, 30)
+    ltx = ((1 - keep01.float()) * -10000.0).bfloat16()
+    assert_same(lengths_rule(run_plan(q, k, v, ltx)), sdpa_nhd(q, k, v, ltx.float()))
+    # every key of a row at -10000: one constant shift, the same as no mask at all
+    # (SDPA itself loses ~1e-4 there: scores - 10000 keep fewer bits in FP32)
+    allpad = torch.full((2, 1, 1, 30), -10000.0)
+    p = run_plan(q, k, v, allpad)
+    assert p.kv_lens is None
+    assert_same(lengths_rule(p), sdpa_nhd(q, k, v, None))
+    assert torch.allclose(lengths_rule(p), sdpa_nhd(q, k, v, allpad), atol=1e-3)
 
 
 if __name__ == "__main__":

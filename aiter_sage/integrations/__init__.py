@@ -1,6 +1,7 @@
 """Integrations: SageAttention's API, an SDPA drop-in, the ``sageattention`` shim, diffusers.
 
-* :func:`sageattn` — SageAttention's ``sageattn`` (``HND``/``NHD``), kernels or SDPA;
+* :func:`sageattn` — SageAttention's ``sageattn`` (``HND``/``NHD``), kernels or SDPA, and
+  :func:`sageattn_varlen` (packed sequences);
 * :func:`sdpa`, :func:`route_sdpa` — ``F.scaled_dot_product_attention`` drop-in, and a
   context manager routing a model's SDPA calls through it;
 * :func:`enable_sageattention_shim` — ``from sageattention import sageattn`` gets ours where
@@ -13,3 +14,4 @@ from .sageattention_shim import (  # noqa: F401
     disable_sageattention_shim,
     enable_sageattention_shim,
 )
+from .varlen import sageattn_varlen  # noqa: F401

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import backends, guards, jit_driver, ops, ref
+from .. import backends, guards, jit_driver, masks, ops, ref
 
 logger = jit_driver.logger
 
@@ -109,21 +109,33 @@ def _named_backend(backend: str) -> str:
 
 
 def fallback_reason(
-    q, k, v, *, layout: str, attn_mask=None, dropout_p=0.0, scale=None, gqa_ok=True, backend=None
+    q,
+    k,
+    v,
+    *,
+    layout: str,
+    attn_mask=None,
+    dropout_p=0.0,
+    scale=None,
+    gqa_ok=True,
+    backend=None,
+    is_causal=False,
+    mask_with_causal=False,
 ) -> Optional[str]:
     """None when the kernels serve the call, else the reason (static properties only).
 
     ``layout``: "HND" ([B, H, S, D], SDPA's) or "NHD" ([B, S, H, D], the kernels'). ``gqa_ok``:
-    whether fewer key/value heads than query heads are allowed (SDPA: ``enable_gqa``). A
-    backend name that is unknown, or names a backend that cannot serve the tensors' device,
-    raises ValueError (the caller chose it), whether or not the call is otherwise eligible."""
+    whether fewer key/value heads than query heads are allowed (SDPA: ``enable_gqa``). A mask
+    that varies along the keys only is eligible (:mod:`aiter_sage.masks`; its values are read
+    later, by :func:`attention`); ``mask_with_causal``: whether a mask may come with
+    ``is_causal`` (SageAttention's call; SDPA refuses the pair). A backend name that is
+    unknown, or names a backend that cannot serve the tensors' device, raises ValueError (the
+    caller chose it), whether or not the call is otherwise eligible."""
     named = _named_backend(backend or "")
     if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
         return "query/key/value are not all tensors"
     if named:  # raises now if the named backend cannot serve q's device
         _device_unsupported(q.device.type, -1 if q.device.index is None else q.device.index, named)
-    if attn_mask is not None:
-        return "attn_mask is given (the kernels take no mask)"
     if not (isinstance(dropout_p, (int, float)) and dropout_p == 0.0):
         return "dropout_p > 0 (the kernels have no dropout)"
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
@@ -154,6 +166,10 @@ def fallback_reason(
         return "fewer key/value heads than query heads without enable_gqa"
     if any(n == 0 for t in (q, k, v) for n in t.shape):
         return "empty inputs"
+    if attn_mask is not None:
+        why = _mask_reason(attn_mask, q, k, s_ax, hq, is_causal, mask_with_causal)
+        if why:
+            return why
     if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
         return "scale is not a positive finite number"
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
@@ -164,6 +180,33 @@ def fallback_reason(
     return why or None
 
 
+def _mask_reason(attn_mask, q, k, s_ax, hq, is_causal, mask_with_causal) -> Optional[str]:
+    if torch.compiler.is_compiling():
+        return "attn_mask under torch.compile (the mask's values choose the kernels' plan)"
+    if is_causal and not mask_with_causal:
+        return "attn_mask with is_causal (SDPA's rule: one or the other)"
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.device != q.device:
+        return "attn_mask on another device than the inputs"
+    return masks.key_mask_reason(attn_mask, q.shape[0], hq, q.shape[s_ax], k.shape[s_ax])
+
+
+def _key_mask_plan(q, k, v, layout, attn_mask, is_causal):
+    """(plan, None) for an eligible masked call, or (None, why the kernels cannot take it)."""
+    qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
+    keep, grouping, why = masks.keep_of(attn_mask, qn.shape[0], qn.shape[2], kn.shape[1])
+    if why:
+        return None, why
+    return masks.plan(qn, kn, vn, keep, grouping, is_causal=bool(is_causal))
+
+
+def _with_causal(attn_mask, sq: int, skv: int):
+    """One SDPA mask for a mask and the causal rule together (query i sees keys j <= i)."""
+    tril = torch.ones(sq, skv, dtype=torch.bool, device=attn_mask.device).tril()
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & tril
+    return attn_mask.masked_fill(~tril, -math.inf)
+
+
 # ----------------------------------------------------------------------------------------------
 # The two paths
 # ----------------------------------------------------------------------------------------------
@@ -172,20 +215,31 @@ def _to_nhd(t, layout):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def kernel_attention(q, k, v, *, layout, is_causal, scale, smooth_k, return_lse, backend=None):
-    """The kernels on an eligible call; output in ``layout``, LSE FP32 [B, Hq, Sq]."""
+def kernel_attention(
+    q, k, v, *, layout, is_causal, scale, smooth_k, return_lse, backend=None, plan=None
+):
+    """The kernels on an eligible call; output in ``layout``, LSE FP32 [B, Hq, Sq]. ``plan``: a
+    key mask's :class:`aiter_sage.masks.KeyMaskPlan` (its tensors replace q, k, v)."""
     if not torch.compiler.is_compiling():
         ops._register()
-    qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
+    if plan is not None:
+        qn, kn, vn = plan.query, plan.key, plan.value
+    else:
+        qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
     scale = None if scale is None else float(scale)
     if not torch.compiler.is_compiling() and ops.check_enabled():
         guards.warn_outlier_blocks(qn, kn, smooth_k=bool(smooth_k), op="aiter_sage attention")
     kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
+    if plan is not None and plan.kv_lens is not None:
+        kw["kv_lens"] = plan.kv_lens.to(qn.device)
     aiter = torch.ops.aiter
     if return_lse:
         out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
     else:
         out, lse = aiter.gfx1201_sage_attention(qn, kn, vn, scale, **kw), None
+    if plan is not None:
+        out = plan.unfold(out)
+        lse = None if lse is None else plan.unfold_lse(lse)
     if layout == "HND":
         out = out.transpose(1, 2)
     return (out, lse) if return_lse else out
@@ -357,9 +411,11 @@ def attention(
     return_lse=False,
     backend=None,
     where="aiter_sage",
+    mask_with_causal=False,
 ):
     """The router on ``layout`` tensors ("HND" [B, H, S, D] or "NHD" [B, S, H, D]): kernels or
-    SDPA. Returns the output in ``layout`` (and the LSE, FP32 [B, Hq, Sq])."""
+    SDPA. Returns the output in ``layout`` (and the LSE, FP32 [B, Hq, Sq]). A key mask runs on
+    the kernels as per-batch key lengths (:mod:`aiter_sage.masks`)."""
     why = fallback_reason(
         q,
         k,
@@ -370,7 +426,12 @@ def attention(
         scale=scale,
         gqa_ok=enable_gqa,
         backend=backend,
+        is_causal=is_causal,
+        mask_with_causal=mask_with_causal,
     )
+    plan = None
+    if why is None and attn_mask is not None:
+        plan, why = _key_mask_plan(q, k, v, layout, attn_mask, is_causal)
     if why is None:
         return kernel_attention(
             q,
@@ -382,10 +443,13 @@ def attention(
             smooth_k=smooth_k,
             return_lse=return_lse,
             backend=backend,
+            plan=plan,
         )
     _log_fallback(where, why)
     if layout == "NHD":
         q, k, v = (t.transpose(1, 2) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    if mask_with_causal and is_causal and isinstance(attn_mask, torch.Tensor):
+        attn_mask, is_causal = _with_causal(attn_mask, q.shape[-2], k.shape[-2]), False
     res = sdpa_fallback(
         q,
         k,
@@ -458,6 +522,7 @@ def sageattn(
         return_lse=return_lse,
         backend=backend,
         where="aiter_sage.sageattn",
+        mask_with_causal=True,
     )
 
 

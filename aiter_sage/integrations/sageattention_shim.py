@@ -13,8 +13,8 @@ name ``sageattention``, only after every other finder said it has none: a real S
 install always wins. The module it provides exposes :func:`aiter_sage.sageattn` as
 ``sageattn``, SageAttention's per-kernel names (``sageattn_qk_int8_pv_fp8_cuda``, ...) with
 their options keyword-only, and ``__aiter_sage_shim__ = True``; all of them smooth K whatever
-``smooth_k`` says (see SMOOTH_K_POSITION's comment for why and the measurement). Not provided:
-``sageattn_varlen`` and the ``sageattention.core`` submodule.
+``smooth_k`` says (see SMOOTH_K_POSITION's comment for why and the measurement), and
+``sageattn_varlen`` (packed sequences). Not provided: the ``sageattention.core`` submodule.
 
 This file imports neither torch nor aiter_sage: the ``.pth`` line runs it by its path at every
 interpreter start, and only the ``import sageattention`` it answers loads aiter_sage.
@@ -95,12 +95,14 @@ class _ShimLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         from aiter_sage.integrations.router import sageattn, sageattn_keywords
+        from aiter_sage.integrations.varlen import sageattn_varlen
 
         module.sageattn = always_smoothed(sageattn, SMOOTH_K_POSITION)
         for name in KEYWORD_VARIANTS:
             setattr(module, name, always_smoothed(sageattn_keywords))
+        module.sageattn_varlen = sageattn_varlen
         module.__aiter_sage_shim__ = True
-        module.__all__ = ["sageattn", *KEYWORD_VARIANTS]
+        module.__all__ = ["sageattn", "sageattn_varlen", *KEYWORD_VARIANTS]
 
 
 class SageAttentionShimFinder(importlib.abc.MetaPathFinder):
