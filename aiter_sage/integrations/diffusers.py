@@ -1,16 +1,19 @@
 """The ``"aiter_sage"`` attention backend for diffusers (tested with diffusers 0.42.1).
 
-    import aiter_sage.integrations.diffusers  # registers the backend
+    import aiter_sage.integrations.diffusers as aiter_diffusers  # registers the backend
+    aiter_diffusers.enable(pipe)  # both routes, every component (see enable())
+    # or only the registered backend:
     pipe.transformer.set_attention_backend("aiter_sage")
     # or, for a block of code:
     from diffusers import attention_backend
     with attention_backend("aiter_sage"):
         image = pipe(...).images[0]
 
-What it does: BF16/FP16 calls with D a multiple of 8 up to 128 and no mask or dropout run the
-SageAttention kernels (with K smoothing); GQA (fewer key/value heads) and ``is_causal`` too.
-Every other call runs torch SDPA exactly as diffusers' ``native`` backend would (2-D
-``[B, Skv]`` masks are broadcast the same way). Context parallelism: Ulysses and ring (and
+What it does: BF16/FP16 calls with D a multiple of 8 up to 128 and no dropout run the
+SageAttention kernels (with K smoothing); GQA (fewer key/value heads), ``is_causal`` and key
+masks too (``[B, Skv]`` masks broadcast as diffusers' ``native`` backend does; padding masks
+and biases become per-batch key lengths, :mod:`aiter_sage.masks`). Every other call runs torch
+SDPA exactly as the ``native`` backend would. Context parallelism: Ulysses and ring (and
 both together) through diffusers' templated context-parallel attention — the backend returns
 the natural-log LSE ``[B, S, H]`` that ring attention merges partial results with. Under
 context parallelism GQA key/value heads are expanded to the query heads (diffusers' templated
@@ -148,6 +151,68 @@ def aiter_sage_attention(
         backward_op=_backward_op,
         _parallel_config=_parallel_config,
     )
+
+
+class Enabled:
+    """What :func:`enable` turned on; :meth:`remove` turns it off again (hooks removed, the
+    models' attention backend reset to diffusers' default)."""
+
+    def __init__(self, models, handles):
+        self.models, self._handles = models, handles
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for m in self.models:
+            if hasattr(m, "reset_attention_backend"):
+                m.reset_attention_backend()
+
+
+def _models_of(obj) -> list:
+    """The torch modules of a diffusers pipeline (its components), or the module itself."""
+    if isinstance(obj, torch.nn.Module):
+        return [obj]
+    components = getattr(obj, "components", None)
+    if isinstance(components, dict):
+        return [m for m in components.values() if isinstance(m, torch.nn.Module)]
+    raise TypeError(
+        f"aiter_sage: enable() takes a diffusers pipeline or a torch.nn.Module, not "
+        f"{type(obj).__name__}"
+    )
+
+
+def enable(pipeline_or_model) -> Enabled:
+    """Both routes to the kernels for a whole pipeline (every component) or model, in one call:
+
+    * the registered ``"aiter_sage"`` backend (``set_attention_backend``) on every model whose
+      processors dispatch attention through diffusers (Flux, Flux2, Wan, HunyuanVideo,
+      HunyuanImage, QwenImage, LTX, MiniMax-H3, Z-Image, ...);
+    * :func:`aiter_sage.route_sdpa` around every forward call of each model, for processors
+      that call ``F.scaled_dot_product_attention`` themselves (SD3, CogVideoX, Mochi, HiDream,
+      Allegro, AuraFlow, Lumina2, ...).
+
+    Returns an :class:`Enabled`; ``.remove()`` undoes it."""
+    from . import router
+
+    register()
+    models, handles = _models_of(pipeline_or_model), []
+    for m in models:
+        if hasattr(m, "set_attention_backend"):
+            m.set_attention_backend(BACKEND_NAME)
+        stack = []
+
+        def enter(module, args, _stack=stack):
+            cm = router.route_sdpa()
+            cm.__enter__()
+            _stack.append(cm)
+
+        def leave(module, args, output, _stack=stack):
+            _stack.pop().__exit__(None, None, None)
+
+        handles.append(m.register_forward_pre_hook(enter))
+        handles.append(m.register_forward_hook(leave, always_call=True))
+    return Enabled(models, handles)
 
 
 class _EveryName(set):

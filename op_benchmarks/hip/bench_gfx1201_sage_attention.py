@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, ref  # noqa: E402
 
-PROVIDERS = ("sage", "sage_core", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+PROVIDERS = ("sage", "sage_core", "sage_kept", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -96,17 +96,33 @@ def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0):
     return tuple(torch.randn(sh, generator=g).to(dtype).to(device) for sh in shapes)
 
 
-def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8"):
-    """name -> zero-argument callable returning the output in [B, S, H, D]."""
-    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, scale, pv_dtype=pv_dtype, backend=backend)
+def pad_mask(b, s, kept, device):
+    """Keys padded at the end: the first `kept` of each entry's `s` keys are real. Returns the
+    per-entry lengths (int32 [B], the kernels' form) and SDPA's boolean [B, 1, 1, S] mask."""
+    kv_lens = torch.full((b,), kept, dtype=torch.int32, device=device)
+    mask = (torch.arange(s, device=device) < kept).expand(b, 1, 1, s)
+    return kv_lens, mask
+
+
+def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
+    """name -> zero-argument callable returning the output in [B, S, H, D]. `kept`: the keys
+    are padded past `kept` (--mask-pad): the sage providers get per-entry key lengths, SDPA the
+    same mask, and `sage_kept` runs the unmasked kernels on the kept keys alone."""
+    masked = kept is not None
+    lens, mask = pad_mask(q.shape[0], k.shape[1], kept, q.device) if masked else (None, None)
+    extra = dict(kv_lens=lens) if masked else {}
+    prepared = aiter_sage.gfx1201_sage_prepare(
+        q, k, v, scale, pv_dtype=pv_dtype, backend=backend, **extra
+    )
     s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gqa = q.shape[2] != k.shape[2]
+    sdpa_kw = dict(scale=scale, is_causal=causal, enable_gqa=gqa, attn_mask=mask)
 
     def core():
         out = aiter_sage.gfx1201_sage_attention_fwd(
-            *prepared, s, is_causal=causal, out_dtype=q.dtype, backend=backend
+            *prepared, s, is_causal=causal, out_dtype=q.dtype, backend=backend, **extra
         )
         return out[:, :s, :, :d]
 
@@ -115,25 +131,27 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8"):
 
         def call():
             with sdpa_kernel(getattr(SDPBackend, SDPA_BACKENDS[which])):
-                return sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
-                    1, 2
-                )
+                return sdpa(qh, kh, vh, **sdpa_kw).transpose(1, 2)
 
         return call
 
     def sage():
         return aiter_sage.gfx1201_sage_attention(
-            q, k, v, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
+            q, k, v, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend, **extra
         )
 
-    return {
+    calls = {
         **{n: pinned(n) for n in SDPA_BACKENDS},
         "sage": sage,
         "sage_core": core,
-        "sdpa": lambda: sdpa(qh, kh, vh, scale=scale, is_causal=causal, enable_gqa=gqa).transpose(
-            1, 2
-        ),
+        "sdpa": lambda: sdpa(qh, kh, vh, **sdpa_kw).transpose(1, 2),
     }
+    if masked:
+        kk, vk = k[:, :kept], v[:, :kept]
+        calls["sage_kept"] = lambda: aiter_sage.gfx1201_sage_attention(
+            q, kk, vk, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
+        )
+    return calls
 
 
 # A device-side wait (~2.5 ms at 2 GHz) queued before a GPU round: the host enqueues the
@@ -212,22 +230,31 @@ def run(args):
     if device != "cpu":
         print(f"# gpu={torch.cuda.get_device_name()} cuda={torch.version.cuda}")
     rows = []
+    if args.mask_pad is not None and not 0 <= args.mask_pad < 1:
+        raise SystemExit(f"--mask-pad {args.mask_pad}: a fraction of the keys, 0 <= f < 1")
+    if args.mask_pad is not None and args.causal:
+        raise SystemExit("--mask-pad with --causal: SDPA takes a mask or is_causal, not both")
     for s in seqs:
         q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa)
         scale = d**-0.5
+        kept = None if args.mask_pad is None else max(1, s - round(args.mask_pad * s))
         calls = {
             n: f
-            for n, f in provider_calls(q, k, v, scale, backend, args.causal, args.pv_dtype).items()
+            for n, f in provider_calls(
+                q, k, v, scale, backend, args.causal, args.pv_dtype, kept
+            ).items()
             if n in providers
         }
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
-        flops = 4.0 * batch * heads * s * s * d * (0.5 if args.causal else 1.0)
+        keys = s if kept is None else kept  # FLOPs of the keys that count
+        flops = 4.0 * batch * heads * s * keys * d * (0.5 if args.causal else 1.0)
         reference = None
         if args.compare_to_ref:
+            kr, vr = (k, v) if kept is None else (k[:, :kept], v[:, :kept])  # = the pad mask
             reference = (
-                gpu_reference(q, k, v, scale, args.causal)
+                gpu_reference(q, kr, vr, scale, args.causal)
                 if device != "cpu"
-                else ref.attention_fp32(q, k, v, scale, is_causal=args.causal)
+                else ref.attention_fp32(q, kr, vr, scale, is_causal=args.causal)
             )
         for name in calls:
             row = dict(
@@ -239,6 +266,7 @@ def run(args):
                 dtype=args.dtype,
                 causal=args.causal,
                 gqa=args.gqa,
+                kept_keys=keys,
                 pv_dtype=args.pv_dtype,
                 provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
@@ -283,6 +311,14 @@ def main(argv=None):
     p.add_argument("--head_dim", type=int, default=128, help="head dim D (<= 128)")
     p.add_argument("--causal", action="store_true", help="causal attention (is_causal=True)")
     p.add_argument("--gqa", type=int, default=1, help="query heads per key/value head")
+    p.add_argument(
+        "--mask-pad",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="pad this fraction of the keys at the end (a key-padding mask; SDPA gets the same "
+        "mask, sage_kept runs the unmasked kernels on the kept keys; TFLOPS count kept keys)",
+    )
     p.add_argument(
         "--pv_dtype",
         choices=ref.PV_DTYPES,
