@@ -98,6 +98,35 @@ MAX_ROW_PATTERNS = 4
 MASKED_BIAS_GAP = 1000.0
 
 
+def check_mask(attn_mask, batch, heads_q, q_len, kv_len, device, where: str) -> None:
+    """Raises TypeError / ValueError naming what is wrong with a mask no attention could take
+    (the entry points that take masks as SageAttention's do check them up front)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"{where}: attn_mask is not a tensor ({type(attn_mask).__name__})")
+    if not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool:
+        raise TypeError(
+            f"{where}: attn_mask of dtype {attn_mask.dtype}: boolean (True keeps a key) or "
+            f"additive float masks only"
+        )
+    if attn_mask.device != device:
+        raise ValueError(
+            f"{where}: attn_mask is on device {attn_mask.device}, the inputs on {device}"
+        )
+    why = _shape_problem(attn_mask, (batch, heads_q, q_len, kv_len))
+    if why:
+        raise ValueError(f"{where}: {why}")
+
+
+def _shape_problem(attn_mask, want) -> Optional[str]:
+    if attn_mask.dim() == 0 or attn_mask.dim() > 4:
+        return f"a {attn_mask.dim()}-D attn_mask"
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
+    for n, w in zip(shape, want):
+        if n not in (1, w):
+            return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {want}"
+    return None
+
+
 def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int) -> Optional[str]:
     """None when ``attn_mask`` (SDPA's broadcasting rules, against scores [B, Hq, Sq, Skv]) can
     run on the kernels as key masks — boolean or additive, varying along the keys (and, with one
@@ -107,13 +136,10 @@ def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int
         return "attn_mask is not a tensor"
     if not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool:
         return f"attn_mask of dtype {attn_mask.dtype} (boolean or additive float masks only)"
-    if attn_mask.dim() == 0 or attn_mask.dim() > 4:
-        return f"a {attn_mask.dim()}-D attn_mask"
+    why = _shape_problem(attn_mask, (batch, heads_q, q_len, kv_len))
+    if why:
+        return why
     shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-    want = (batch, heads_q, q_len, kv_len)
-    for n, w in zip(shape, want):
-        if n not in (1, w):
-            return f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to {want}"
     if shape[2] != 1 and shape[1] != 1:
         return "attn_mask varies along the queries and the heads (the kernels take key masks)"
     return None

@@ -70,6 +70,7 @@ def _attention_bshd(query, key, value, attn_mask, dropout_p, is_causal, scale, r
         smooth_k=True,
         return_lse=return_lse,
         where="aiter_sage diffusers backend",
+        strict_mask=True,
     )
     if not return_lse:
         return res

@@ -412,10 +412,22 @@ def attention(
     backend=None,
     where="aiter_sage",
     mask_with_causal=False,
+    strict_mask=False,
 ):
     """The router on ``layout`` tensors ("HND" [B, H, S, D] or "NHD" [B, S, H, D]): kernels or
     SDPA. Returns the output in ``layout`` (and the LSE, FP32 [B, Hq, Sq]). A key mask runs on
-    the kernels as per-batch key lengths (:mod:`aiter_sage.masks`)."""
+    the kernels as per-batch key lengths (:mod:`aiter_sage.masks`); ``strict_mask``: a mask no
+    attention could take (not a tensor, an integer dtype, another device, a shape that does not
+    broadcast) raises TypeError / ValueError naming it, instead of whatever SDPA raises."""
+    if (
+        strict_mask
+        and attn_mask is not None
+        and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k))
+    ):
+        h_ax, s_ax = (1, 2) if layout == "HND" else (2, 1)
+        masks.check_mask(
+            attn_mask, q.shape[0], q.shape[h_ax], q.shape[s_ax], k.shape[s_ax], q.device, where
+        )
     why = fallback_reason(
         q,
         k,
@@ -523,6 +535,7 @@ def sageattn(
         backend=backend,
         where="aiter_sage.sageattn",
         mask_with_causal=True,
+        strict_mask=True,
     )
 
 
