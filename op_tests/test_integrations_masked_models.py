@@ -3,6 +3,7 @@ code) with padded prompts: every attention call runs on the kernels — none on 
 through aiter_sage.integrations.diffusers.enable(), and the output is in the band of
 diffusers' native backend."""
 
+import integrations_masked_models as mm
 import pytest
 import torch
 
@@ -10,7 +11,6 @@ from aiter_sage import ref
 from aiter_sage.integrations import diffusers as aiter_diffusers
 from aiter_sage.integrations import router
 
-import integrations_masked_models as mm
 from common import run_as_script
 
 
