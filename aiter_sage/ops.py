@@ -195,6 +195,7 @@ def _fake_prepare(binding, a):
         a["eps"],
         a["smooth_k"],
         a["pv_dtype"],
+        *map(_concrete, (a["q_lens"], a["kv_lens"])),
     )
     new = a["query"].new_empty
     shapes = _prepare_shapes(a["query"], a["key"], a["pv_dtype"])
@@ -204,7 +205,12 @@ def _fake_prepare(binding, a):
 def _fake_fwd(binding, a, lse: bool):
     prepared = [a[n] for n in ("q_int8", "q_scale", "k_int8", "k_scale", "v_fp8", "v_scale")]
     binding.check_fwd_meta(
-        *map(_concrete, prepared), a["seq_len"], a["kv_len"], a["is_causal"], a["out_dtype"]
+        *map(_concrete, prepared),
+        a["seq_len"],
+        a["kv_len"],
+        a["is_causal"],
+        a["out_dtype"],
+        *map(_concrete, (a["q_lens"], a["kv_lens"])),
     )
     q8 = a["q_int8"]
     out = q8.new_empty(q8.shape, dtype=a["out_dtype"] or torch.bfloat16)
@@ -224,6 +230,7 @@ def _fake_attention(binding, a, lse: bool):
         a["is_causal"],
         a["smooth_k"],
         a["pv_dtype"],
+        *map(_concrete, (a["q_lens"], a["kv_lens"])),
     )
     out = q.new_empty(q.shape)
     if not lse:
@@ -376,8 +383,15 @@ def _warn_outliers(a: dict, op: str) -> None:
     )  # fmt: skip
 
 
+def _lengths_tensor(lens):
+    """q_lens / kv_lens as the ops take them: a list or tuple of ints becomes an int32 tensor
+    (the schema's type is Tensor?); tensors and None pass unchanged."""
+    return torch.tensor(lens, dtype=torch.int32) if isinstance(lens, (list, tuple)) else lens
+
+
 def _call(sig, a: dict, lse: bool = False):
     op_sig = OPS[f"{sig.name}_lse"] if lse else sig
+    a = {**a, **{n: _lengths_tensor(a[n]) for n in ("q_lens", "kv_lens") if n in a}}
     pos, kw = op_sig.call_args(a)
     return getattr(torch.ops.aiter, op_sig.name)(*pos, **kw)
 

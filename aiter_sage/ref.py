@@ -365,17 +365,45 @@ def quantize_v(v: torch.Tensor, pv_dtype: str = "fp8") -> tuple[torch.Tensor, to
     return out.view(torch.float8_e4m3fn), scale
 
 
-def k_mean(kf: torch.Tensor) -> torch.Tensor:
+def k_mean(kf: torch.Tensor, lens: list[int] | None = None) -> torch.Tensor:
     """FP32 [B, S, H, D] -> [B, H, D]: the mean over S in the pinned order (32 partial sums,
-    partial g summing rows g, g + 32, ... in turn from +0; the partials in turn; / S)."""
+    partial g summing rows g, g + 32, ... in turn from +0; the partials in turn; / S).
+
+    ``lens`` (per batch entry, default S): entry b averages its first lens[b] rows only (rows
+    past it do not enter, whatever they hold); an entry without keys has mean 0."""
     b, s, h, d = kf.shape
+    n = torch.tensor([s] * b if lens is None else lens)
     partials = torch.zeros((MEAN_PARTIALS, b, h, d), dtype=torch.float32)
     for r in range(s):
-        partials[r % MEAN_PARTIALS] = partials[r % MEAN_PARTIALS] + kf[:, r]
+        # Adding the +0 of a row past lens[b] leaves a partial's bits unchanged.
+        row = torch.where((r < n)[:, None, None], kf[:, r], 0.0)
+        partials[r % MEAN_PARTIALS] = partials[r % MEAN_PARTIALS] + row
     total = partials[0]
     for g in range(1, MEAN_PARTIALS):
         total = total + partials[g]
-    return total / _f32(float(s))
+    count = n.to(torch.float32)[:, None, None]
+    return torch.where(count > 0, total / count.clamp_min(1.0), 0.0)
+
+
+def entry_lengths(lens, batch: int, full: int) -> list[int]:
+    """Per-batch lengths (q_lens / kv_lens: a tensor or sequence of B ints; None: ``full`` for
+    every entry), clamped to [0, full] as the kernels clamp them."""
+    if lens is None:
+        return [full] * batch
+    values = [int(n) for n in (lens.tolist() if torch.is_tensor(lens) else lens)]
+    if len(values) != batch:
+        raise ValueError(f"lengths must have one value per batch entry ({batch}), got {values}")
+    return [min(max(n, 0), full) for n in values]
+
+
+def _rows_below(lens: list[int], s: int) -> torch.Tensor:
+    """bool [B, S]: row < lens[b] (the real rows of each entry)."""
+    return torch.arange(s)[None, :] < torch.tensor(lens)[:, None]
+
+
+def _zero_padding_rows(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """[B, S, H, D] with rows where ``real`` [B, S] is False set to zero (NaN there too)."""
+    return torch.where(real[:, :, None, None], x, torch.zeros((), dtype=x.dtype))
 
 
 def check_head_dim(d: int) -> None:
@@ -397,11 +425,18 @@ def prepare(
     smooth_k: bool = False,
     pv_dtype: str = "fp8",
     return_smoothing: bool = False,
+    q_lens=None,
+    kv_lens=None,
 ):
     """Reference prepare on BF16/FP16 [B, S, H, D] inputs (any device; computed on the CPU).
 
     Same call form as the op; norm and RoPE are each optional (upstream: all four or none).
-    Returns a :class:`Prepared`; with ``return_smoothing`` also a :class:`Smoothing`."""
+    Returns a :class:`Prepared`; with ``return_smoothing`` also a :class:`Smoothing`.
+
+    ``q_lens`` / ``kv_lens`` (B ints, default the full lengths; see :func:`entry_lengths`):
+    entry b's rows of Q at or past q_lens[b] and keys of K/V at or past kv_lens[b] are
+    padding, whatever they hold: zero codes, and they enter no block scale, no V channel
+    scale, not the K mean (the mean of the kv_lens[b] real keys) and not lse_corr (0 there)."""
     d = q.shape[-1]
     check_head_dim(d)
     d_pad = padded_head_dim(d)
@@ -410,22 +445,26 @@ def prepare(
     q, k, v = (t.detach().cpu() for t in (q, k, v))
     cpu = lambda t: None if t is None else t.detach().cpu()  # noqa: E731
     query_weight, key_weight, cosine, sine = map(cpu, (query_weight, key_weight, cosine, sine))
-    q = qk_norm_rope(q, query_weight, eps, cosine, sine)
-    k = qk_norm_rope(k, key_weight, eps, cosine, sine)
+    q_real = _rows_below(entry_lengths(q_lens, q.shape[0], q.shape[1]), q.shape[1])
+    kv_lens = entry_lengths(kv_lens, k.shape[0], k.shape[1])
+    kv_real = _rows_below(kv_lens, k.shape[1])
+    q = _zero_padding_rows(qk_norm_rope(q, query_weight, eps, cosine, sine), q_real)
+    k = _zero_padding_rows(qk_norm_rope(k, key_weight, eps, cosine, sine), kv_real)
     kf = k.float()
-    mean = k_mean(kf) if smooth_k else torch.zeros(kf.shape[0], kf.shape[2], d)
-    if smooth_k:
-        kf = kf - mean[:, None]
+    mean = k_mean(kf, kv_lens) if smooth_k else torch.zeros(kf.shape[0], kf.shape[2], d)
+    if smooth_k:  # padded keys stay zero: they are not keys, so not moved by the mean
+        kf = _zero_padding_rows(kf - mean[:, None], kv_real)
     q_scaled = q.float() * q_prescale(softmax_scale)
     q8, q_scale = quantize_int8_blocks(_pad_channels(q_scaled, d_pad))
     k8, k_scale = quantize_int8_blocks(_pad_channels(kf, d_pad))
-    v8, v_scale = quantize_v(_pad_channels(v, d_pad), pv_dtype)
+    v8, v_scale = quantize_v(_pad_channels(_zero_padding_rows(v, kv_real), d_pad), pv_dtype)
     prep = Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
     if not return_smoothing:
         return prep
     group = q.shape[2] // k.shape[2]
     mean_q = mean.repeat_interleave(group, dim=1)  # [B, Hq, D]
     corr = torch.einsum("bshd,bhd->bhs", q_scaled.double(), mean_q.double()).float()
+    corr = torch.where(q_real[:, None, :], corr, 0.0)  # padded rows: 0, even for a NaN mean
     corr = torch.nn.functional.pad(corr, (0, padded_len(q.shape[1]) - q.shape[1]))
     return prep, Smoothing(_pad_channels(mean, d_pad), corr)
 
@@ -458,6 +497,8 @@ def attention_from_prepared(
     out_dtype: torch.dtype = torch.bfloat16,
     return_lse: bool = False,
     int8_pv: bool = False,
+    q_lens=None,
+    kv_lens=None,
 ):
     """The quantized attention, step by step. Returns [B, q_len, Hq, head_dim] in out_dtype
     (head_dim defaults to the prepared Dp), or an :class:`AttentionResult` with
@@ -467,7 +508,12 @@ def attention_from_prepared(
     kernels' P rounding: e4m3, or FP16 when the prepared V is float16 (pv_dtype "fp16").
     ``lse_corr`` (:class:`Smoothing`'s, when prepare smoothed K) makes the
     LSE that of the unsmoothed scores. ``int8_pv=True`` models the cpu amx tiers' P.V on int8
-    tiles (FP8 V only; see :func:`_int8_pv_step`), at their step of ``INT8_PV_TILE`` keys."""
+    tiles (FP8 V only; see :func:`_int8_pv_step`), at their step of ``INT8_PV_TILE`` keys.
+
+    ``q_lens`` / ``kv_lens`` (B ints, default q_len / kv_len; see :func:`entry_lengths`):
+    entry b attends over its first kv_lens[b] keys only (with ``is_causal`` also j <= i);
+    its rows at or past q_lens[b] are zero with LSE -inf; a row that sees no key at all
+    (kv_lens[b] == 0) is NaN with LSE -inf, as SDPA gives for an all-masked boolean row."""
     kv_len = q_len if kv_len is None else kv_len
     if int8_pv:
         assert not fp8_p and p.v_fp8.dtype != torch.float16, "int8_pv models FP8 V, P unrounded"
@@ -486,6 +532,11 @@ def attention_from_prepared(
     qs = p.q_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1)  # per row
     ks = p.k_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1).repeat_interleave(group, dim=1)
     b, h, sq_pad, d = q8.shape
+    q_lens = entry_lengths(q_lens, b, q_len)
+    kv_lens = entry_lengths(kv_lens, b, kv_len)
+    for e, n in enumerate(kv_lens):
+        v8[e, ..., n:] = 0
+    entry_keys = torch.tensor(kv_lens)[:, None, None, None]  # [B, 1, 1, 1]
     rows = torch.arange(sq_pad)[:, None]
     m = torch.full((b, h, sq_pad), -math.inf)
     l = torch.zeros((b, h, sq_pad))
@@ -495,7 +546,8 @@ def attention_from_prepared(
         j1 = min(j0 + kv_tile, kv_len)
         keys = torch.arange(j0, j1)[None, :]
         seen = (keys <= rows) if is_causal else torch.ones(sq_pad, j1 - j0, dtype=torch.bool)
-        any_seen = seen.any(-1)  # [Sq_pad]: rows that see a key of this tile
+        seen = seen & (keys < entry_keys)  # [B, 1, Sq_pad, keys]
+        any_seen = seen.any(-1)  # [B, 1, Sq_pad]: rows that see a key of this tile
         dot = q8 @ k8[:, :, j0:j1].transpose(-1, -2)
         if int8_pv:
             ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32, per key
@@ -504,7 +556,7 @@ def attention_from_prepared(
         dot = torch.where(seen, dot, -math.inf)
         ss = qs[..., :, None] * ks[..., None, j0:j1]  # float32 product; one value per tile
         d_max = dot.amax(-1, keepdim=True)
-        d_max = torch.where(any_seen[:, None], d_max, 0.0)
+        d_max = torch.where(any_seen[..., None], d_max, 0.0)
         m_t = (d_max * ss[..., :1]).squeeze(-1)  # = rowmax of t = dot * ss
         m_t = torch.where(any_seen, m_t, -math.inf)
         m_new = torch.maximum(m, m_t)
@@ -514,7 +566,7 @@ def attention_from_prepared(
         # rounded to float64 and then to float32 (a double rounding at most 2^-29 relative
         # away from the single-rounded fma).
         u = ((dot - d_max).double() * ss.double() + bias.double()[..., None]).float()
-        pr = torch.where(seen & any_seen[:, None], torch.exp2(u), 0.0)
+        pr = torch.where(seen & any_seen[..., None], torch.exp2(u), 0.0)
         l = l * alpha + pr.sum(-1)
         if fp8_p:
             pr = pr.half().float() if fp16_pv else e4m3_decode(e4m3_encode_sat(pr))
@@ -525,12 +577,15 @@ def attention_from_prepared(
     if not fp16_pv:  # the mean of e4m3 codes (or of their int8 re-quantization) is <= 448
         code_mean = saturate_finite(code_mean, FP8_MAX)
     o = saturate_finite(code_mean * v_scale[:, :, None, :], torch.finfo(out_dtype).max)
+    real = _rows_below(q_lens, sq_pad)[:, None, :]  # [B, 1, Sq_pad]: rows < q_lens[b]
+    o = torch.where(real[..., None], o, 0.0)
     o = o[:, :, :q_len, : (head_dim or d)].permute(0, 2, 1, 3).to(out_dtype).contiguous()
     if not return_lse:
         return o
     lse2 = m + torch.log2(l) - (0.0 if int8_pv else offset)  # int8_pv's P carries no offset
     if lse_corr is not None:
         lse2 = lse2 + lse_corr.cpu().float()
+    lse2 = torch.where(real, lse2, -math.inf)
     return AttentionResult(o, (lse2 * LN2)[:, :, :q_len].contiguous())
 
 

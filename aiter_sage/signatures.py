@@ -26,6 +26,9 @@ class Arg:
     schema_type: str  # torch schema type: "Tensor", "Tensor?", "float?", "int", "str?", ...
     default: Any = _REQUIRED  # _REQUIRED: no default
     kw_only: bool = False
+    # Keyword-only in Python, but positional (after the positional arguments, with its default)
+    # in the torch schema: torch.library.register_autograd refuses kwarg-only Tensor arguments.
+    schema_positional: bool = False
 
     def schema(self) -> str:
         text = f"{self.schema_type} {self.name}"
@@ -48,11 +51,17 @@ class OpSignature:
     args: tuple[Arg, ...]
     returns: str  # schema return type
 
+    def schema_args(self) -> tuple[Arg, ...]:
+        """The arguments in the torch schema's order (and the C++ kernels'): the positional
+        ones, then the schema-positional ones, then the keyword-only ones."""
+        rank = lambda a: 0 if not a.kw_only else (1 if a.schema_positional else 2)  # noqa: E731
+        return tuple(sorted(self.args, key=rank))
+
     def schema(self) -> str:
         """The torch schema, without the namespace."""
         parts, star = [], False
-        for a in self.args:
-            if a.kw_only and not star:
+        for a in self.schema_args():
+            if a.kw_only and not a.schema_positional and not star:
                 parts.append("*")
                 star = True
             parts.append(a.schema())
@@ -100,8 +109,10 @@ class OpSignature:
 
     def call_args(self, values: dict) -> tuple[list, dict]:
         """(positional, keyword) arguments for torch.ops in this op's order."""
-        pos = [values[a.name] for a in self.args if not a.kw_only]
-        kw = {a.name: values[a.name] for a in self.args if a.kw_only}
+        args = self.schema_args()
+        schema_kw = lambda a: a.kw_only and not a.schema_positional  # noqa: E731
+        pos = [values[a.name] for a in args if not schema_kw(a)]
+        kw = {a.name: values[a.name] for a in args if schema_kw(a)}
         return pos, kw
 
     def with_lse(self) -> OpSignature:
@@ -128,12 +139,18 @@ SMOOTH_K = Arg("smooth_k", "bool", False, kw_only=True)
 # returns V as float16, and the fwd op reads the mode from that dtype).
 PV_DTYPE = Arg("pv_dtype", "str", "fp8", kw_only=True)
 PV_DTYPES = ("fp8", "fp16")
+# Per-batch lengths (int32/int64 [B] tensors on the inputs' device or the cpu; None: the full
+# lengths): entry b has q_lens[b] real query rows and kv_lens[b] real keys, the rest is padding
+# whatever it holds (a key-padding mask whose kept keys come first; varlen as padded batches).
+Q_LENS = Arg("q_lens", "Tensor?", None, kw_only=True, schema_positional=True)
+KV_LENS = Arg("kv_lens", "Tensor?", None, kw_only=True, schema_positional=True)
+LENGTHS = (Q_LENS, KV_LENS)
 # Python-only: selects the companion `_lse` op.
 RETURN_LSE = Arg("return_lse", "bool", False, kw_only=True)
 
 PREPARE = OpSignature(
     "gfx1201_sage_prepare",
-    (*UPSTREAM_INPUTS, SMOOTH_K, PV_DTYPE, BACKEND),
+    (*UPSTREAM_INPUTS, SMOOTH_K, PV_DTYPE, *LENGTHS, BACKEND),
     "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
 ATTENTION_FWD = OpSignature(
@@ -149,13 +166,14 @@ ATTENTION_FWD = OpSignature(
         Arg("kv_len", "int?", None, kw_only=True),
         IS_CAUSAL,
         Arg("out_dtype", "ScalarType?", None, kw_only=True),
+        *LENGTHS,
         BACKEND,
     ),
     "Tensor",
 )
 ATTENTION = OpSignature(
     "gfx1201_sage_attention",
-    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, PV_DTYPE, BACKEND),
+    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, PV_DTYPE, *LENGTHS, BACKEND),
     "Tensor",
 )
 

@@ -417,6 +417,49 @@ int pv_dtype_code(const std::string& pv_dtype) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Per-entry lengths (SageParams::q_lens / kv_lens): optional int32/int64 [batch] tensors on the
+// inputs' device or on the CPU. Their values are checked where they are already on the host;
+// device values are not read back (that would wait for the GPU): the kernels clamp them.
+// ---------------------------------------------------------------------------------------------
+struct Lengths {
+  const std::optional<at::Tensor>& q;
+  const std::optional<at::Tensor>& kv;
+};
+
+// The int32 copy on `device` of one length tensor (undefined when absent), after the checks.
+at::Tensor entry_lengths(const std::optional<at::Tensor>& lens, const char* name, int64_t batch,
+                         int64_t full, const at::Device& device, bool shapes_only) {
+  if (!lens) return at::Tensor();
+  const at::Tensor& t = *lens;
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
+                   "aiter_sage: ", name, " must be torch.int32 or torch.int64, got ",
+                   t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == batch, "aiter_sage: ", name, " must have shape [",
+                    batch, "] (one length per batch entry), got ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == device || t.device().is_cpu(), "aiter_sage: ", name, " is on ",
+                    t.device(), " but query is on ", device, " (pass it there or on the cpu)");
+  if (shapes_only) return at::Tensor();
+  at::Tensor host32 = t.device().is_cpu() ? t.to(at::kInt).contiguous() : at::Tensor();
+  if (host32.defined()) {
+    const bool ok =
+        sage::check_entry_lengths(host32.data_ptr<int32_t>(), int(batch), int(full), name, "");
+    TORCH_CHECK_VALUE(ok, "aiter_sage", sage::last_error_buffer());
+  }
+  return (host32.defined() ? host32 : t).to(device, at::kInt).contiguous();
+}
+
+// Fills p.q_lens / p.kv_lens (p's batch and lengths set); the returned tensors hold the values
+// until the launch is queued.
+std::pair<at::Tensor, at::Tensor> set_lengths(SageParams& p, const Lengths& lens,
+                                              const at::Device& device, bool shapes_only) {
+  at::Tensor q = entry_lengths(lens.q, "q_lens", p.batch, p.q_len, device, shapes_only);
+  at::Tensor kv = entry_lengths(lens.kv, "kv_lens", p.batch, p.kv_len, device, shapes_only);
+  p.q_lens = q.defined() ? q.data_ptr<int32_t>() : nullptr;
+  p.kv_lens = kv.defined() ? kv.data_ptr<int32_t>() : nullptr;
+  return {q, kv};
+}
+
+// ---------------------------------------------------------------------------------------------
 // The one place a SageParams is filled from tensors (FlashAttention's set_params_fprop), and the
 // one place it is validated before a launch.
 // ---------------------------------------------------------------------------------------------
@@ -770,11 +813,14 @@ PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const a
                          const std::optional<at::Tensor>& query_weight,
                          const std::optional<at::Tensor>& key_weight,
                          const std::optional<at::Tensor>& cosine,
-                         const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
+                         const std::optional<at::Tensor>& sine, double eps,
+                         const std::optional<at::Tensor>& q_lens,
+                         const std::optional<at::Tensor>& kv_lens, bool smooth_k,
                          std::string pv_dtype, std::optional<std::string> backend) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
   validate(p, Check::kPrepare);
+  const auto held = set_lengths(p, {q_lens, kv_lens}, query.device(), false);
   const Backend& be = backend_for(query.device(), backend);
   Budget budget;
   add_prepare(budget, p, query, key, value, nr, be.align_bytes);
@@ -787,10 +833,12 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
                                            const at::Tensor& v_fp8, const at::Tensor& v_scale,
                                            int64_t seq_len, std::optional<int64_t> kv_len,
                                            bool is_causal, std::optional<at::ScalarType> out_dtype,
-                                           std::optional<std::string> backend, bool return_lse) {
+                                           const Lengths& lens, std::optional<std::string> backend,
+                                           bool return_lse) {
   const Prepared6 in{q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale};
   SageParams p = fwd_params(in, seq_len, kv_len, is_causal, resolve_out_dtype(out_dtype), false);
   validate(p, Check::kAttention);
+  const auto held = set_lengths(p, lens, q_int8.device(), false);
   const Backend& be = backend_for(q_int8.device(), backend);
   Budget budget;
   add_attention(budget, p, return_lse);
@@ -802,21 +850,22 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
 
 at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
                   const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
-                  int64_t seq_len, std::optional<int64_t> kv_len, bool is_causal,
-                  std::optional<at::ScalarType> out_dtype, std::optional<std::string> backend) {
+                  int64_t seq_len, const std::optional<at::Tensor>& q_lens,
+                  const std::optional<at::Tensor>& kv_lens, std::optional<int64_t> kv_len,
+                  bool is_causal, std::optional<at::ScalarType> out_dtype,
+                  std::optional<std::string> backend) {
   return std::get<0>(fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
-                             is_causal, out_dtype, backend, false));
+                             is_causal, out_dtype, {q_lens, kv_lens}, backend, false));
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_lse_op(const at::Tensor& q_int8, const at::Tensor& q_scale,
-                                              const at::Tensor& k_int8, const at::Tensor& k_scale,
-                                              const at::Tensor& v_fp8, const at::Tensor& v_scale,
-                                              int64_t seq_len, std::optional<int64_t> kv_len,
-                                              bool is_causal,
-                                              std::optional<at::ScalarType> out_dtype,
-                                              std::optional<std::string> backend) {
+std::tuple<at::Tensor, at::Tensor> fwd_lse_op(
+    const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
+    const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale, int64_t seq_len,
+    const std::optional<at::Tensor>& q_lens, const std::optional<at::Tensor>& kv_lens,
+    std::optional<int64_t> kv_len, bool is_causal, std::optional<at::ScalarType> out_dtype,
+    std::optional<std::string> backend) {
   return fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, is_causal,
-                 out_dtype, backend, true);
+                 out_dtype, {q_lens, kv_lens}, backend, true);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_any(
@@ -824,13 +873,15 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
     std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
     const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
-    const std::string& pv_dtype, std::optional<std::string> backend, bool return_lse) {
+    const std::string& pv_dtype, const Lengths& lens, std::optional<std::string> backend,
+    bool return_lse) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   // One SageParams for both launches, validated once: the attention reads the prepared
   // tensors prepare writes into it, and writes the inputs' shape (head dim, real rows).
   SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
   set_attention_fields(p, is_causal);
   validate(p, Check::kPrepareThenAttention);
+  const auto held = set_lengths(p, lens, query.device(), false);
   const Backend& be = backend_for(query.device(), backend);
   Budget budget;
   add_prepare(budget, p, query, key, value, nr, be.align_bytes);
@@ -846,21 +897,24 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& query_weight,
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
-                        const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                        bool smooth_k, std::string pv_dtype, std::optional<std::string> backend) {
+                        const std::optional<at::Tensor>& sine, double eps,
+                        const std::optional<at::Tensor>& q_lens,
+                        const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k,
+                        std::string pv_dtype, std::optional<std::string> backend) {
   return std::get<0>(attention_any(query, key, value, softmax_scale, query_weight, key_weight,
-                                   cosine, sine, eps, is_causal, smooth_k, pv_dtype, backend,
-                                   false));
+                                   cosine, sine, eps, is_causal, smooth_k, pv_dtype,
+                                   {q_lens, kv_lens}, backend, false));
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_lse_op(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
-    std::string pv_dtype, std::optional<std::string> backend) {
+    const std::optional<at::Tensor>& sine, double eps, const std::optional<at::Tensor>& q_lens,
+    const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k, std::string pv_dtype,
+    std::optional<std::string> backend) {
   return attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine,
-                       eps, is_causal, smooth_k, pv_dtype, backend, true);
+                       eps, is_causal, smooth_k, pv_dtype, {q_lens, kv_lens}, backend, true);
 }
 
 // The fake implementations' checks: the same rules on meta/fake tensors (no launch). The fakes
@@ -871,10 +925,12 @@ void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
                         const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
-                        const std::string& pv_dtype) {
+                        const std::string& pv_dtype, const std::optional<at::Tensor>& q_lens,
+                        const std::optional<at::Tensor>& kv_lens) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  validate(prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true),
-           Check::kPrepare);
+  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
+  validate(p, Check::kPrepare);
+  set_lengths(p, {q_lens, kv_lens}, query.device(), true);
 }
 
 void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -883,20 +939,26 @@ void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const 
                           const std::optional<at::Tensor>& key_weight,
                           const std::optional<at::Tensor>& cosine,
                           const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                          bool smooth_k, const std::string& pv_dtype) {
+                          bool smooth_k, const std::string& pv_dtype,
+                          const std::optional<at::Tensor>& q_lens,
+                          const std::optional<at::Tensor>& kv_lens) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
   set_attention_fields(p, is_causal);
   validate(p, Check::kPrepareThenAttention);
+  set_lengths(p, {q_lens, kv_lens}, query.device(), true);
 }
 
 void check_fwd_meta(const at::Tensor& q8, const at::Tensor& q_scale, const at::Tensor& k8,
                     const at::Tensor& k_scale, const at::Tensor& v8, const at::Tensor& v_scale,
                     int64_t seq_len, std::optional<int64_t> kv_len, bool is_causal,
-                    std::optional<at::ScalarType> out_dtype) {
-  validate(fwd_params({q8, q_scale, k8, k_scale, v8, v_scale}, seq_len, kv_len, is_causal,
-                      resolve_out_dtype(out_dtype), true),
-           Check::kAttention);
+                    std::optional<at::ScalarType> out_dtype,
+                    const std::optional<at::Tensor>& q_lens,
+                    const std::optional<at::Tensor>& kv_lens) {
+  SageParams p = fwd_params({q8, q_scale, k8, k_scale, v8, v_scale}, seq_len, kv_len, is_causal,
+                            resolve_out_dtype(out_dtype), true);
+  validate(p, Check::kAttention);
+  set_lengths(p, {q_lens, kv_lens}, q8.device(), true);
 }
 
 std::unique_ptr<torch::Library> g_cpu_lib, g_gpu_lib;
@@ -931,6 +993,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   note_forks();
   m.doc() = "aiter_sage torch binding (ops are registered by register_ops())";
   m.def("register_ops", &register_ops);
+  // The fakes pass the lengths last (the meta tensors of q_lens / kv_lens, or None).
   m.def("check_prepare_meta", &check_prepare_meta);
   m.def("check_attention_meta", &check_attention_meta);
   m.def("check_fwd_meta", &check_fwd_meta);

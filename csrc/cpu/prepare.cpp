@@ -56,7 +56,8 @@ const PrepareKernels& kernels_for(Isa isa) {
   return kPrepareScalar;
 }
 
-// Phase 0: p.k_mean[b, h, :] = the per-channel mean of K in sage::k_mean_from_partials' order.
+// Phase 0: p.k_mean[b, h, :] = the per-channel mean of the entry's real keys of K in
+// sage::k_mean_from_partials' order (0 for an entry without keys).
 void compute_k_mean(const SageParams& p, const PrepareKernels& k, int64_t kv_heads) {
   const int dp = p.head_dim_pad;
   const int64_t n = kv_heads * sage::kMeanPartials;
@@ -69,9 +70,10 @@ void compute_k_mean(const SageParams& p, const PrepareKernels& k, int64_t kv_hea
   for (int64_t head = 0; head < kv_heads; ++head) {
     const float* head_partials = partials.data() + head * sage::kMeanPartials * dp;
     float* mean = p.k_mean + sage::channel_offset(head, dp, 0);
+    const int keys = sage::entry_kv_len(p, head / p.heads_kv);
     for (int c = 0; c < dp; ++c) {
       for (int g = 0; g < sage::kMeanPartials; ++g) column[g] = head_partials[g * dp + c];
-      mean[c] = c < p.head_dim ? sage::k_mean_from_partials(column, p.kv_len) : 0.0f;
+      mean[c] = c < p.head_dim && keys > 0 ? sage::k_mean_from_partials(column, keys) : 0.0f;
     }
   }
 }

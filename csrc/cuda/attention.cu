@@ -43,6 +43,9 @@
 //         (64 keys, Dp, 1) twice (FP16 codes, one copy per half): keys >= kv_len are
 //         zero-filled by the TMA. They must be: padded keys get P = 0, but their V codes may be
 //         anything (NaN codes included), and 0 * NaN is NaN in the MMA.
+//         Keys in [kv_lens[b], kv_len) of a shorter entry are inside the map and are read:
+//         their P is 0 and prepare wrote +0 codes there (SageParams::kv_lens), so prepared
+//         tensors from gfx1201_sage_prepare never carry a NaN into them.
 //   Keys >= kv_len_pad are zero-filled K rows; all of a tile's keys >= kv_len get S = -inf.
 //   The TMA writes through the async proxy, which the wgmmas read: the mbarrier's completion
 //   is all the ordering they need (no proxy fence).
@@ -327,6 +330,7 @@ struct Smem {
 
 struct Work {
   int b, hq, hkv, q0, n_tiles;
+  int q_len, kv_len;  // the entry's real rows and keys (SageParams::q_lens / kv_lens)
 };
 
 template <class T>
@@ -337,8 +341,15 @@ __device__ __forceinline__ Work work_of(const SageParams& p) {
   w.hq = int(blockIdx.y);
   w.b = int(blockIdx.z);
   w.hkv = kv_head_of(p, w.hq);
-  const int64_t keys = keys_for_rows(p, w.q0, T::kBlockM);
-  w.n_tiles = int((keys + kBlockN - 1) / kBlockN);
+  w.q_len = entry_q_len(p, w.b);
+  w.kv_len = entry_kv_len(p, w.b);
+  // Rows past the entry's q_len see nothing; a block of such rows only, or an entry without
+  // keys, still runs one tile, all of it masked (P = 0, l = 0: rows past q_len are written as
+  // zeros, real rows of an entry without keys come out NaN with LSE -inf, SDPA's all-masked
+  // row), so producer and consumers keep one schedule.
+  const int rows = w.q_len - w.q0 < T::kBlockM ? w.q_len - w.q0 : T::kBlockM;
+  const int64_t keys = rows > 0 ? keys_for_rows(p, w.q0, rows, w.kv_len) : 0;
+  w.n_tiles = max(int((keys + kBlockN - 1) / kBlockN), 1);
   return w;
 }
 
@@ -639,6 +650,7 @@ __device__ __forceinline__ void merge_o_home(const Smem<T>& sm, Consumer<T>& c) 
   }
 }
 
+// `p`: the consumer's view, kv_len the entry's.
 template <class T>
 __device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, int wg_row0) {
   return key0 + kBlockN > p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
@@ -656,8 +668,9 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   const int64_t hq_lin = head_index(p.heads_q, w.b, w.hq);
   const int64_t hkv_lin = head_index(p.heads_kv, w.b, w.hkv);
   c.qs = c.row0 < p.q_len_pad ? p.q_scale[qk_scale_offset(hq_lin, p.q_len_pad, c.row0)] : 0.0f;
-  SageParams pk = p;  // k_scale of this kv head
+  SageParams pk = p;  // k_scale of this kv head, kv_len of this entry (the masks' bound)
   pk.k_scale = p.k_scale + hkv_lin * scale_blocks(p.kv_len_pad);
+  pk.kv_len = w.kv_len;
   c.m[0] = c.m[1] = -INFINITY;
   c.l[0] = c.l[1] = 0.0f;
 #pragma unroll
@@ -704,7 +717,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   wgmma_wait<0>();
   reg_fence(s);
   float f[64];
-  if (tile_needs_mask<T>(p, 0, wg_row0))
+  if (tile_needs_mask<T>(pk, 0, wg_row0))
     softmax_tile<T, true>(pk, c, s, 0, ks, alpha, f);
   else
     softmax_tile<T, false>(pk, c, s, 0, ks, alpha, f);
@@ -733,7 +746,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
     if constexpr (!T::kEarlyKScales) load_k_scales(pk, key0, ks);
-    if (tile_needs_mask<T>(p, key0, wg_row0))
+    if (tile_needs_mask<T>(pk, key0, wg_row0))
       softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
     else
       softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
@@ -792,7 +805,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   for (int h = 0; h < 2; ++h) {
     const int row = c.row0 + 8 * h;
     if (row >= p.out_rows) continue;
-    const bool real = row < p.q_len;
+    const bool real = row < w.q_len;
     uint16_t* orow =
         out + bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, w.b, row, w.hq);
 #pragma unroll

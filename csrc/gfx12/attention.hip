@@ -475,11 +475,11 @@ SAGE_DEVICE uint32_t pack_halves(float a, float b) {
 // code mean acc / l clamped to ±448 with e4m3 V, the product to ±out_dtype's maximum where
 // finite): the lane holds query 16qb + r, channels 16cb + 8h + j = one 16-byte store of 8
 // halves. Only the head_dim real channels are written (a multiple of 8: a store is all in or
-// all out); rows in [q_len, out_rows) are zeros; rows >= out_rows are not written. kZero: a
-// wave without queries (all its rows zero).
+// all out); rows in [q_len, out_rows) are zeros (q_len: the entry's); rows >= out_rows are not
+// written. kZero: a wave without queries (all its rows zero).
 template <class T, bool kFp16, bool kZero>
 SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const float (&inv_l)[2],
-                            const float* v_scale, int b, int hd, int q0) {
+                            const float* v_scale, int b, int hd, int q0, int q_len) {
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
   const float mean_bound = code_mean_bound(T::kPv16);
@@ -488,7 +488,7 @@ SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const f
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     const int q = q0 + 16 * qb + r;
     if (q >= p.out_rows) continue;
-    const bool real = !kZero && q < p.q_len;
+    const bool real = !kZero && q < q_len;
     const int64_t orow = bshd_offset(p.out_stride_b, p.out_stride_s, p.out_stride_h, b, q, hd);
 #pragma unroll
     for (int cb = 0; cb < T::kChannelBlocks; ++cb) {
@@ -516,17 +516,18 @@ SAGE_DEVICE void store_rows(const SageParams& p, const WaveState<T>& ws, const f
 
 // LSE rows of the wave (p.lse non-null): ln2·(m + log2 l − kExpOffset + corr), l summed over
 // both half-waves; corr = p.lse_corr[row] (log2 units, written by prepare with K smoothing)
-// when given, else 0. Rows in [q_len, out_rows) get -inf. kZero: a wave without queries.
+// when given, else 0. Rows in [q_len, out_rows) get -inf (q_len: the entry's). kZero: a wave
+// without queries.
 template <class T, bool kZero>
 SAGE_DEVICE void store_lse(const SageParams& p, const WaveState<T>& ws, const float (&l)[2],
-                           const float* lse_corr, int b, int hd, int q0) {
+                           const float* lse_corr, int b, int hd, int q0, int q_len) {
   const int lane = sage_lane_id();
   const int r = lane_idx(lane), h = lane_half(lane);
 #pragma unroll
   for (int qb = 0; qb < T::kQBlocks; ++qb) {
     float lse = kNegInf;
     const int q = q0 + 16 * qb + r;
-    if (!kZero && q < p.q_len) {
+    if (!kZero && q < q_len) {
       const float corr = lse_corr ? sage_gload<float>(lse_corr, 4 * q) : 0.0f;
       lse = kLn2 * (((ws.m[qb] + sage_log2f(l[qb])) - kExpOffset) + corr);
     }
@@ -534,13 +535,16 @@ SAGE_DEVICE void store_lse(const SageParams& p, const WaveState<T>& ws, const fl
   }
 }
 
-// Tiles [0, n) a block of query rows [row0, row0 + rows) sees (rows clipped to q_len; the
-// caller has row0 < q_len): causal, up to its last real row's keys; otherwise all kv_len keys.
+// Tiles [0, n) a block of query rows [row0, row0 + rows) of an entry with q_len rows and kv_len
+// keys sees (rows clipped to q_len; the caller has row0 < q_len): causal, up to its last real
+// row's keys; otherwise all kv_len keys. At least one: an entry without keys runs its one
+// masked tile with no key valid (P = 0, so l = 0: its rows come out NaN with LSE -inf, SDPA's
+// all-masked row), which needs no branch around the accumulators.
 template <class T, bool kCausal>
-SAGE_DEVICE int tiles_for_rows(const SageParams& p, int row0, int rows) {
-  const int last = row0 + rows < p.q_len ? row0 + rows : p.q_len;  // one past the last row
-  const int keys = kCausal ? int(causal_keys_seen(last - 1, p.kv_len)) : p.kv_len;
-  return (keys + T::kTileKeys - 1) / T::kTileKeys;
+SAGE_DEVICE int tiles_for_rows(int row0, int rows, int q_len, int kv_len) {
+  const int last = row0 + rows < q_len ? row0 + rows : q_len;  // one past the last row
+  const int keys = kCausal ? int(causal_keys_seen(last - 1, kv_len)) : kv_len;
+  return imax((keys + T::kTileKeys - 1) / T::kTileKeys, 1);
 }
 
 // The kernel body of variant (D, kCausal). Every wave of a workgroup takes part in staging the
@@ -560,24 +564,36 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
   const int kvh = kv_head_of(p, hd);  // GQA: the key/value head this query head reads
   const int64_t head = head_index(p.heads_q, b, hd);
   const int64_t kv_head = head_index(p.heads_kv, b, kvh);
+  // The entry's real rows and keys (SageParams::q_lens / kv_lens), through readlanes: loop
+  // bounds stay scalar.
+  const int q_len = sage_readlane(entry_q_len(p, b), 0);
+  const int kv_len = sage_readlane(entry_kv_len(p, b), 0);
   // Causal: the last query groups see the most tiles; block x = 0 takes the last group, so
   // the heaviest workgroups of a head are dispatched first and the light ones fill the tail.
   const int n_groups = (p.q_len_pad + T::kQueriesPerGroup - 1) / T::kQueriesPerGroup;
   const int group = kCausal ? n_groups - 1 - sage_block_id_x() : sage_block_id_x();
-  const int g0 = group * T::kQueriesPerGroup;  // < q_len (multiple of 32 below q_len_pad)
+  const int g0 = group * T::kQueriesPerGroup;  // a multiple of 32 below q_len_pad
   const int q0 = g0 + wave * T::kQueriesPerWave;
+  const float* v_scale = p.v_scale + channel_offset(kv_head, D, 0);
+  if (g0 >= q_len) {  // only padding rows of the entry (workgroup-uniform): stage no tiles
+    const float none[2] = {0.0f, 0.0f};
+    WaveState<T> empty;
+    store_rows<T, false, true>(p, empty, none, v_scale, b, hd, q0, q_len);
+    if (p.lse) store_lse<T, true>(p, empty, none, nullptr, b, hd, q0, q_len);
+    return;
+  }
   // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
   // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
   // WMMA, so its SIMD's issue slots go to the other waves there (the sequence tail: at
   // S = 513 three of the last group's four waves are such waves). Wave-uniform (one Q block
   // per wave), made explicit with a readlane so that the branch is scalar, not EXEC-masked.
-  const bool has_queries = sage_readlane(int(q0 < p.q_len), 0) != 0;
+  const bool has_queries = sage_readlane(int(q0 < q_len), 0) != 0;
 
   const HeadView<T> hv = make_head_view<T>(p, b, kvh);
   const LdsLanes ll = make_lds_lanes<T>();
-  const int group_tiles = tiles_for_rows<T, kCausal>(p, g0, T::kQueriesPerGroup);
+  const int group_tiles = tiles_for_rows<T, kCausal>(g0, T::kQueriesPerGroup, q_len, kv_len);
   const int wave_tiles =
-      kCausal ? tiles_for_rows<T, kCausal>(p, q0, T::kQueriesPerWave) : group_tiles;
+      kCausal ? tiles_for_rows<T, kCausal>(q0, T::kQueriesPerWave, q_len, kv_len) : group_tiles;
 
   // Start the first tile's loads before touching Q so their latencies overlap.
   TileStage<T> st = load_tile(hv, 0);
@@ -622,11 +638,10 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     for (int t = 0; t + 1 < group_tiles; ++t)
       stage_tile(lds, (t + 1) & 1, ll, load_tile(hv, t + 1));
   }
-  const float* v_scale = p.v_scale + channel_offset(kv_head, D, 0);
   if (!has_queries) {
     const float none[2] = {0.0f, 0.0f};
-    store_rows<T, false, true>(p, ws, none, v_scale, b, hd, q0);
-    if (p.lse) store_lse<T, true>(p, ws, none, nullptr, b, hd, q0);
+    store_rows<T, false, true>(p, ws, none, v_scale, b, hd, q0, q_len);
+    if (p.lse) store_lse<T, true>(p, ws, none, nullptr, b, hd, q0, q_len);
     return;
   }
   {
@@ -636,12 +651,12 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     // (the diagonal tile: tile key 0 is seen by all 32 rows, as the wave's first row is the
     // tile's first key or later).
     const int t = wave_tiles - 1;
-    const int keys_valid = p.kv_len - t * T::kTileKeys;
+    const int keys_valid = kv_len - t * T::kTileKeys;
     int row_keys[T::kQBlocks];
 #pragma unroll
     for (int qb = 0; qb < T::kQBlocks; ++qb)
-      row_keys[qb] = kCausal ? int(causal_keys_seen(q0 + 16 * qb + r, p.kv_len)) - t * T::kTileKeys
-                             : keys_valid;
+      row_keys[qb] =
+          kCausal ? int(causal_keys_seen(q0 + 16 * qb + r, kv_len)) - t * T::kTileKeys : keys_valid;
     const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
     const TileP<kPv16> tp = score_tile<true>(lds, t & 1, ll, score_scale, row_keys, ws);
     accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
@@ -660,13 +675,13 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     inv_l[qb] = sage_rcpf(l[qb]);
   }
   if (p.out_dtype == SAGE_DTYPE_FP16)
-    store_rows<T, true, false>(p, ws, inv_l, v_scale, b, hd, q0);
+    store_rows<T, true, false>(p, ws, inv_l, v_scale, b, hd, q0, q_len);
   else
-    store_rows<T, false, false>(p, ws, inv_l, v_scale, b, hd, q0);
+    store_rows<T, false, false>(p, ws, inv_l, v_scale, b, hd, q0, q_len);
   if (p.lse) {
     const float* lse_corr =
         p.lse_corr ? p.lse_corr + lse_corr_offset(head, p.q_len_pad, 0) : nullptr;
-    store_lse<T, false>(p, ws, l, lse_corr, b, hd, q0);
+    store_lse<T, false>(p, ws, l, lse_corr, b, hd, q0, q_len);
   }
 }
 

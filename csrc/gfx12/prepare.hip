@@ -263,7 +263,7 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
   float amax[T::kChunk];
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
-  const int kv_len = p.kv_len;
+  const int kv_len = entry_kv_len(p, b);  // the entry's real keys (uniform: one per workgroup)
   constexpr int kRowsPerPass = T::kVsRowsPerStep * T::kVsUnroll;
   const int split_keys = int(v_amax_split_keys(kv_len, kRowsPerPass));
   const int s_begin = split * split_keys;
@@ -327,7 +327,7 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
     for (int g = 0; g < kMeanPartials; ++g)
       partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
     sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
-                       k_mean_from_partials(partials, kv_len));
+                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
   }
 }
 
@@ -349,7 +349,7 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   const int hd = is_q ? hq : hq / group;
   const int heads = is_q ? p.heads_q : p.heads_kv;
   const int64_t head = head_index(heads, b, hd);
-  const int len = is_q ? p.q_len : p.kv_len;
+  const int len = is_q ? entry_q_len(p, b) : entry_kv_len(p, b);  // the entry's real rows
   const int len_pad = is_q ? p.q_len_pad : p.kv_len_pad;
   int8_t* const out8 = is_q ? p.q8 : p.k8;
   float* const out_scale = is_q ? p.q_scale : p.k_scale;
@@ -461,6 +461,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   const int c = prep_chunk(tid, T::kLanesPerRow), g = tid / T::kLanesPerRow;
   const bool in_d = T::kChunk * c < p.head_dim;
   const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const int kv_len = entry_kv_len(p, b);  // keys past it are zero codes
 
   // Every load of the thread first (4 keys x 8 channels per pass), so that they are all in
   // flight at once: the encoding below branches per value, and loads placed between those
@@ -474,7 +475,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 #pragma unroll
     for (int k = 0; k < T::kVqKeysPerThread; ++k) {
       const int s = key_of(pass, k);
-      raw[pass][k] = s < p.kv_len && in_d  // padded keys and channels stay +0
+      raw[pass][k] = s < kv_len && in_d  // padded keys and channels stay +0
                          ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
                          : u32x4{0, 0, 0, 0};
     }
@@ -505,7 +506,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
       for (int w = 0; w < kWords; ++w) word[i][w] = 0;
 #pragma unroll
     for (int k = 0; k < T::kVqKeysPerThread; ++k) {
-      if (key_of(pass, k) < p.kv_len && in_d) {
+      if (key_of(pass, k) < kv_len && in_d) {
         float x[T::kChunk];
         unpack_halfx8(raw[pass][k], T::kDtype, x);
         constexpr int kBits = 8 * kCodeBytes;

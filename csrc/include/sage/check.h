@@ -51,6 +51,21 @@ inline bool check_problem(const SageParams* p, const char* what) {
   const bool v_ok = p->pv_dtype == SAGE_PV_FP16 ? p->v16 != nullptr : p->v8 != nullptr;
   if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !v_ok || !p->v_scale)
     return !set_error("%s: null prepared tensor pointer", what);
+  // The lengths themselves may live in GPU memory, which a host check cannot read: the binding
+  // checks their values where they are on the host (check_entry_lengths), and the kernels
+  // clamp them to [0, q_len] / [0, kv_len] (layout.h entry_q_len) whatever they hold.
+  if (reinterpret_cast<uintptr_t>(p->q_lens) % alignof(int32_t) != 0 ||
+      reinterpret_cast<uintptr_t>(p->kv_lens) % alignof(int32_t) != 0)
+    return !set_error("%s: q_lens / kv_lens must point to aligned int32 values", what);
+  return true;
+}
+
+// Per-entry lengths in host memory (SageParams::q_lens / kv_lens): `batch` values in [0, full].
+inline bool check_entry_lengths(const int32_t* lens, int batch, int full, const char* name,
+                                const char* what) {
+  for (int b = 0; b < batch; ++b)
+    if (lens[b] < 0 || lens[b] > full)
+      return !set_error("%s: %s[%d] = %d lies outside [0, %d]", what, name, b, lens[b], full);
   return true;
 }
 

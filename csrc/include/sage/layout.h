@@ -77,14 +77,31 @@ SAGE_HD constexpr int64_t lse_offset(const SageParams& p, int64_t b, int64_t h, 
   return b * p.lse_stride_b + h * p.lse_stride_h + s;
 }
 
+// Entry b's real query rows and keys (SageParams::q_lens / kv_lens; null: the full lengths),
+// clamped to [0, q_len] / [0, kv_len] so that a bad device value cannot reach past the
+// tensors (nobody on a GPU can report it).
+SAGE_HD constexpr int32_t clamp_len(int32_t n, int32_t full) {
+  return n < 0 ? 0 : (n > full ? full : n);
+}
+SAGE_HD constexpr int32_t entry_q_len(const SageParams& p, int64_t b) {
+  return p.q_lens ? clamp_len(p.q_lens[b], p.q_len) : p.q_len;
+}
+SAGE_HD constexpr int32_t entry_kv_len(const SageParams& p, int64_t b) {
+  return p.kv_lens ? clamp_len(p.kv_lens[b], p.kv_len) : p.kv_len;
+}
+
 // Causal masking (top-left aligned): the keys query row `row` sees are [0, keys_seen).
 SAGE_HD constexpr int64_t causal_keys_seen(int64_t row, int64_t kv_len) {
   return row + 1 < kv_len ? row + 1 : kv_len;
 }
-// Keys that any of the query rows [row0, row0 + rows) sees: a KV tile starting at or beyond
-// this is fully masked for the whole block and is skipped.
+// Keys that any of the query rows [row0, row0 + rows) of an entry with kv_len keys sees: a KV
+// tile starting at or beyond this is fully masked for the whole block and is skipped.
+SAGE_HD constexpr int64_t keys_for_rows(const SageParams& p, int64_t row0, int64_t rows,
+                                        int64_t kv_len) {
+  return p.mask == SAGE_MASK_CAUSAL ? causal_keys_seen(row0 + rows - 1, kv_len) : kv_len;
+}
 SAGE_HD constexpr int64_t keys_for_rows(const SageParams& p, int64_t row0, int64_t rows) {
-  return p.mask == SAGE_MASK_CAUSAL ? causal_keys_seen(row0 + rows - 1, p.kv_len) : p.kv_len;
+  return keys_for_rows(p, row0, rows, p.kv_len);
 }
 
 }  // namespace sage

@@ -17,7 +17,8 @@ extern "C" {
 // 4: the P.V mode (pv_dtype: FP8 or FP16 operands) and the FP16 prepared V (v16).
 // 6: sage_prepare_run / sage_attention_run (the launches without the validation the binding
 //    has already done) and sage_module_check_count.
-#define SAGE_ABI_VERSION 6
+// 7: per-entry lengths q_lens / kv_lens (key-padding masks, varlen as padded batches).
+#define SAGE_ABI_VERSION 7
 
 // Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
 // that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
@@ -75,6 +76,16 @@ typedef struct SageParams {
   // float32(softmax_scale * log2 e) with the product formed in double on the host (upstream's
   // rounding); Q is multiplied by it before quantization so the kernels use exp2.
   float q_prescale;
+  // Per-entry lengths, int32 [batch] in the tensors' memory (null: q_len / kv_len for every
+  // entry). Entry b has q_lens[b] real query rows and kv_lens[b] real keys; the rows and keys
+  // past them are padding whatever the inputs hold there. Prepare gives them zero codes and
+  // keeps them out of every scale, the K mean and lse_corr; attention lets entry b's rows see
+  // its first kv_lens[b] keys only (tiles past them are not computed), writes its rows at or
+  // past q_lens[b] as zero with LSE -inf, and gives NaN rows (LSE -inf) where kv_lens[b] == 0.
+  // Values are clamped to [0, q_len] / [0, kv_len] where read (layout.h entry_q_len): the
+  // binding checks host tensors, but a GPU cannot report a bad device value.
+  const int32_t* q_lens;
+  const int32_t* kv_lens;
 
   // ---- prepare inputs: in_dtype [B, S, H, head_dim], last dim contiguous, strides in
   //      elements; q has heads_q heads, k and v heads_kv ----
