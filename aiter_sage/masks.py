@@ -128,10 +128,10 @@ def _shape_problem(attn_mask, want) -> Optional[str]:
 
 
 def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int) -> Optional[str]:
-    """None when ``attn_mask`` (SDPA's broadcasting rules, against scores [B, Hq, Sq, Skv]) can
-    run on the kernels as key masks — boolean or additive, varying along the keys (and, with one
-    mask for every head, along the queries in a few row patterns: :func:`keep_of` counts them);
-    else why not. Reads only shapes and dtypes."""
+    """None when ``attn_mask`` (SDPA's broadcasting rules, against scores [B, Hq, Sq, Skv]) may
+    run on the kernels as key masks — boolean or additive; whether its values vary only along
+    the keys (or along the queries in a few row patterns, the same for every head) is
+    :func:`keep_of`'s to find; else why not. Reads only shapes and dtypes."""
     if not isinstance(attn_mask, torch.Tensor):
         return "attn_mask is not a tensor"
     if not attn_mask.is_floating_point() and attn_mask.dtype != torch.bool:
@@ -139,9 +139,6 @@ def key_mask_reason(attn_mask, batch: int, heads_q: int, q_len: int, kv_len: int
     why = _shape_problem(attn_mask, (batch, heads_q, q_len, kv_len))
     if why:
         return why
-    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)
-    if shape[2] != 1 and shape[1] != 1:
-        return "attn_mask varies along the queries and the heads (the kernels take key masks)"
     return None
 
 
@@ -175,6 +172,9 @@ def keep_of(attn_mask: torch.Tensor, batch: int, heads_q: int, kv_len: int):
         if keep.shape[1] != 1 and bool((keep == keep[:, :1]).all()):
             keep = keep[:, :1]  # the same for every head
         return keep, None, None
+    if keep.shape[1] != 1:  # e.g. prepare_attention_mask's copy per head
+        if not bool((keep == keep[:, :1]).all()):
+            return None, None, "attn_mask varies along the queries and the heads"
     keep = keep[:, 0].expand(batch, keep.shape[2], kv_len)  # [B, Sq, Skv], one for every head
     entries, rows, counts, patterns = [], [], [], []
     for b in range(batch):

@@ -169,7 +169,6 @@ def test_all_kept_needs_no_lengths():
 @pytest.mark.parametrize(
     "mask_shape,why",
     [
-        ((2, 2, 8, 30), "varies along the queries and the heads"),
         ((2, 1, 1, 29), "does not broadcast"),
         ((2, 2, 2, 1, 30), "5-D"),
     ],
@@ -195,6 +194,20 @@ def test_query_rows_in_a_few_patterns_become_entries():
     two = torch.ones(s, s, dtype=torch.bool)
     two[12:, 5:] = False
     assert_same(lengths_rule(run_plan(q, k, v, two)), sdpa_nhd(q, k, v, two))
+
+
+def test_masks_varying_along_queries_and_heads():
+    """A per-head copy of one query-varying mask (diffusers' prepare_attention_mask) is taken;
+    a mask that differs between heads along the queries is refused."""
+    q, k, v = nhd(1, 8, 2, seed=33), nhd(1, 8, 2, seed=34), nhd(1, 8, 2, seed=35)
+    m = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    m[:, :, 4:, 6:] = False
+    copied = m.expand(1, 2, 8, 8)
+    assert_same(lengths_rule(run_plan(q, k, v, copied)), sdpa_nhd(q, k, v, copied))
+    differs = copied.clone()
+    differs[0, 1, 0, 3] = False
+    keep, grouping, why = masks.keep_of(differs, 1, 2, 8)
+    assert keep is None and "the queries and the heads" in why
 
 
 def test_masks_varying_per_query_beyond_the_pattern_limit_are_refused():

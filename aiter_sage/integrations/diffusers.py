@@ -158,16 +158,20 @@ class Enabled:
     """What :func:`enable` turned on; :meth:`remove` turns it off again (hooks removed, the
     models' attention backend reset to diffusers' default)."""
 
-    def __init__(self, models, handles):
-        self.models, self._handles = models, handles
+    def __init__(self, models, handles, active_before):
+        self.models, self._handles, self._active_before = models, handles, active_before
 
     def remove(self) -> None:
+        from diffusers.models import attention_dispatch as ad
+
         for h in self._handles:
             h.remove()
         self._handles = []
         for m in self.models:
             if hasattr(m, "reset_attention_backend"):
                 m.reset_attention_backend()
+        # set_attention_backend also sets diffusers' process-wide active backend; reset does not
+        ad._AttentionBackendRegistry.set_active_backend(self._active_before)
 
 
 def _models_of(obj) -> list:
@@ -194,9 +198,12 @@ def enable(pipeline_or_model) -> Enabled:
       Allegro, AuraFlow, Lumina2, ...).
 
     Returns an :class:`Enabled`; ``.remove()`` undoes it."""
+    from diffusers.models import attention_dispatch as ad
+
     from . import router
 
     register()
+    active_before = ad._AttentionBackendRegistry._active_backend
     models, handles = _models_of(pipeline_or_model), []
     for m in models:
         if hasattr(m, "set_attention_backend"):
@@ -213,7 +220,7 @@ def enable(pipeline_or_model) -> Enabled:
 
         handles.append(m.register_forward_pre_hook(enter))
         handles.append(m.register_forward_hook(leave, always_call=True))
-    return Enabled(models, handles)
+    return Enabled(models, handles, active_before)
 
 
 class _EveryName(set):
