@@ -237,7 +237,9 @@ def test_backend_function(sq, skv, hq, hkv, d, causal, dtype, kernel_calls):
     assert (lse - want_lse).abs().max() <= 5e-2
 
 
-def test_backend_mask_falls_back_like_native(kernel_calls):
+def test_backend_key_mask_runs_on_the_kernels_like_native(kernel_calls):
+    """diffusers' [B, Skv] padding mask: the kernels with per-entry key lengths, in the band of
+    the native backend (which broadcasts it to [B, 1, 1, Skv]), LSE of the kept keys."""
     from diffusers.models.attention_dispatch import AttentionBackendName, dispatch_attention_fn
 
     q, k, v = bshd(2, 32, 48, 2, 2, 64, seed=3)
@@ -245,12 +247,14 @@ def test_backend_mask_falls_back_like_native(kernel_calls):
     mask[0, 40:] = False  # [B, Skv]: diffusers' padding mask
     kw = dict(attn_mask=mask)
     native = dispatch_attention_fn(q, k, v, **kw, backend=AttentionBackendName.NATIVE)
-    ours = dispatch_attention_fn(q, k, v, **kw, backend=AttentionBackendName("aiter_sage"))
-    assert not kernel_calls
-    assert torch.equal(ours, native)
-    _, lse = aiter_diffusers.aiter_sage_attention(q, k, v, attn_mask=mask, return_lse=True)
+    with torch.no_grad():
+        ours = dispatch_attention_fn(q, k, v, **kw, backend=AttentionBackendName("aiter_sage"))
+    assert len(kernel_calls) == 1
+    assert_band(ours, native)
+    with torch.no_grad():
+        _, lse = aiter_diffusers.aiter_sage_attention(q, k, v, attn_mask=mask, return_lse=True)
     _, want_lse = truth(q, k, v, attn_mask=mask[:, None, None, :])
-    assert torch.allclose(lse, want_lse, atol=1e-4)
+    assert (lse - want_lse).abs().max() <= 5e-2
 
 
 def test_backend_reads_every_attention_kwarg(kernel_calls, monkeypatch):

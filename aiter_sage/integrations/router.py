@@ -8,7 +8,9 @@ Two entry points share one router:
 
 A call goes to ``torch.ops.aiter.gfx1201_sage_attention`` only when every property the
 kernels need holds; the checks read only static properties (dtypes, ranks, head dims, devices,
-flags), so ``torch.compile(fullgraph=True)`` traces through them. Everything else — a mask,
+flags; a mask's values only outside torch.compile), so ``torch.compile(fullgraph=True)``
+traces through them. Key masks run on the kernels as per-entry key lengths
+(:mod:`aiter_sage.masks`). Everything else — a mask that varies along the queries, a bias,
 dropout, FP32, D > 128 or not a multiple of 8, a device no backend serves, head counts that
 are not a GQA group, inputs that need a gradient — runs through torch SDPA, with one log line
 per distinct reason. SDPA then raises whatever it raises for that call (a call SDPA accepts
@@ -501,7 +503,9 @@ def sageattn(
     Hkv (Hq a multiple of Hkv). ``sm_scale`` defaults to D**-0.5; ``smooth_k`` subtracts the
     keys' mean before quantizing (the softmax is unchanged). Returns the output in q's layout
     and dtype; with ``return_lse`` also the natural-log LSE of the scaled scores, FP32
-    ``[B, Hq, Sq]``. Calls the kernels cannot serve (``attn_mask``, ``dropout_p`` > 0, FP32,
+    ``[B, Hq, Sq]``. ``attn_mask``: SDPA's convention; key masks (with ``is_causal`` too, when
+    they are suffix padding) run on the kernels. Calls the kernels cannot serve (other masks,
+    ``dropout_p`` > 0, FP32,
     D > 128 or not a multiple of 8, an unsupported device, head counts that are not a GQA
     group) run through torch SDPA. flash-attn's ``causal`` and ``softmax_scale`` are aliases
     of ``is_causal`` and ``sm_scale``; SageAttention's tuning keywords
@@ -581,7 +585,7 @@ def sdpa(
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` ([B, H, S, D]).
 
-    Eligible calls (no mask, no dropout, BF16/FP16, D a multiple of 8 up to 128, a device an
+    Eligible calls (no mask or a key mask, no dropout, BF16/FP16, D a multiple of 8 up to 128, a device an
     aiter_sage backend serves, no gradient needed) run the SageAttention kernels with K
     smoothing; the rest run torch's SDPA unchanged. The output of a kernel call is a
     [B, H, S, D] view of a [B, S, H, D] tensor (as the output of a flash SDPA backend is).
