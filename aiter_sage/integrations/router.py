@@ -585,8 +585,8 @@ def sdpa(
 ):
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` ([B, H, S, D]).
 
-    Eligible calls (no mask or a key mask, no dropout, BF16/FP16, D a multiple of 8 up to 128, a device an
-    aiter_sage backend serves, no gradient needed) run the SageAttention kernels with K
+    Eligible calls (no mask or a key mask, no dropout, BF16/FP16, D a multiple of 8 up to 128,
+    a device an aiter_sage backend serves, no gradient needed) run the SageAttention kernels with K
     smoothing; the rest run torch's SDPA unchanged. The output of a kernel call is a
     [B, H, S, D] view of a [B, S, H, D] tensor (as the output of a flash SDPA backend is).
     ``causal``/``softmax_scale``/``sm_scale`` are read as ``is_causal``/``scale``,
