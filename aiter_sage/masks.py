@@ -255,7 +255,10 @@ def plan(q, k, v, keep: torch.Tensor, grouping=None, *, is_causal: bool = False)
     lens = keep.sum(-1, dtype=torch.int32)
     if bool((lens == skv).all()):
         return KeyMaskPlan(q, k, v, None, fold, rows, shape), None
-    if not _is_suffix_padding(keep, lens):
+    if _is_suffix_padding(keep, lens):
+        width = max(int(lens.max()), 1)  # keys no entry keeps: not even prepared (a view)
+        k, v = k[:, :width], v[:, :width]
+    else:
         if is_causal:
             return None, "causal with a key mask that has holes (compaction moves keys)"
         # Stable: kept keys first, in their order; the rest are past kv_lens (never read).

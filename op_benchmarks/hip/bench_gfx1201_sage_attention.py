@@ -4,6 +4,9 @@
 Providers
   sage       prepare + attention (what a model calls)
   sage_core  the attention kernel alone on prepared tensors
+  sage_kept, sage_core_kept
+             with --mask-pad: the same two, unmasked, on the kept keys alone (what the masked
+             call must not be slower than)
   sdpa_bf16  torch.nn.functional.scaled_dot_product_attention on [B, H, S, D] in the input
              dtype (named sdpa_fp16 with --dtype fp16; same causal and GQA options), torch's own
              choice of SDPA backend
@@ -45,7 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, ref  # noqa: E402
 
-PROVIDERS = ("sage", "sage_core", "sage_kept", "sdpa", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+PROVIDERS = (
+    "sage",
+    "sage_core",
+    "sage_kept",
+    "sage_core_kept",
+    "sdpa",
+    "sdpa_cudnn",
+    "sdpa_flash",
+    "sdpa_efficient",
+)
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -107,7 +119,7 @@ def pad_mask(b, s, kept, device):
 def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
     """name -> zero-argument callable returning the output in [B, S, H, D]. `kept`: the keys
     are padded past `kept` (--mask-pad): the sage providers get per-entry key lengths, SDPA the
-    same mask, and `sage_kept` runs the unmasked kernels on the kept keys alone."""
+    same mask, and `sage_kept` / `sage_core_kept` run the unmasked kernels on the kept keys."""
     masked = kept is not None
     lens, mask = pad_mask(q.shape[0], k.shape[1], kept, q.device) if masked else (None, None)
     extra = dict(kv_lens=lens) if masked else {}
@@ -151,6 +163,12 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
         calls["sage_kept"] = lambda: aiter_sage.gfx1201_sage_attention(
             q, kk, vk, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
         )
+        kept_prepared = aiter_sage.gfx1201_sage_prepare(
+            q, kk, vk, scale, pv_dtype=pv_dtype, backend=backend
+        )
+        calls["sage_core_kept"] = lambda: aiter_sage.gfx1201_sage_attention_fwd(
+            *kept_prepared, s, kv_len=kept, is_causal=causal, out_dtype=q.dtype, backend=backend
+        )[:, :s, :, :d]
     return calls
 
 
