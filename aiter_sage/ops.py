@@ -257,7 +257,7 @@ def _register_fakes(binding) -> None:
         body = _FAKES[sig.name]
 
         def fake(*args, **kwargs):
-            a = sig.bind(args, kwargs)
+            a = sig.bind(args, kwargs, schema=True)
             backends.requested(a["backend"])  # an unknown name raises
             return body(binding, a)
 

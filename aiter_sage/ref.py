@@ -611,7 +611,7 @@ def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
 
     * t = float32(dot * ss); t_max the row max over the keys the row sees; m' = max(m, t_max);
       alpha = exp2(m - m'). t_ref = t_max (m' for a row that sees none of the keys), p_ref =
-      exp2(t_ref - m').
+      exp2(t_ref - m') (0 for a row that sees none of the keys).
     * P code values c = 2^float32(dot * ss + (float32(log2 255) - t_ref)) (one fma; 2^ by
       :func:`_exp2_code`), 0 for
       the keys a row does not see; codes rint(c). l = l * alpha + sum(c) * float32(p_ref /
@@ -625,7 +625,9 @@ def _int8_pv_step(dot, ss, seen, any_seen, vd, m, l, acc):
     m_new = torch.maximum(m, t_max)
     alpha = torch.where(any_seen, torch.exp2(m - m_new), 1.0)
     t_ref = torch.where(t_max == -math.inf, m_new, t_max)
-    p_ref = torch.exp2(t_ref - m_new)
+    # A row that sees none of the step's keys keeps its state (p_ref 0: no P, alpha 1), also
+    # while it has seen no key at all (m' = -inf, where t_ref - m' would be NaN).
+    p_ref = torch.where(any_seen, torch.exp2(t_ref - m_new), 0.0)
     bias = (_f32(LOG2_P_CODE_MAX) - t_ref).double()[..., None]
     c = _exp2_code((dot.double() * ss.double() + bias).to(f32))
     c = torch.where(seen, c, 0.0)

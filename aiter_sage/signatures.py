@@ -79,13 +79,16 @@ class OpSignature:
             params.append(inspect.Parameter(a.name, kind, default=a.default))
         return inspect.Signature(params)
 
-    def bind(self, args, kwargs, extra: tuple[Arg, ...] = ()) -> dict:
+    def bind(self, args, kwargs, extra: tuple[Arg, ...] = (), schema: bool = False) -> dict:
         """Arguments by name, defaults filled in (a TypeError names what does not fit).
+        ``schema``: `args` come in the torch schema's order (a fake implementation's call), so
+        the schema-positional arguments may be among them.
 
         Plain dict work rather than inspect.Signature.bind: torch.compile traces through
         it on every torch release (some cannot trace inspect)."""
         params = (*self.args, *extra)
-        positional = [a.name for a in params if not a.kw_only]
+        in_order = self.schema_args() if schema else params
+        positional = [a.name for a in in_order if not a.kw_only or (schema and a.schema_positional)]
         if len(args) > len(positional):
             raise TypeError(
                 f"aiter_sage: {self.name}() takes {len(positional)} positional arguments "

@@ -536,10 +536,11 @@ SAGE_DEVICE void store_lse(const SageParams& p, const WaveState<T>& ws, const fl
 }
 
 // Tiles [0, n) a block of query rows [row0, row0 + rows) of an entry with q_len rows and kv_len
-// keys sees (rows clipped to q_len; the caller has row0 < q_len): causal, up to its last real
-// row's keys; otherwise all kv_len keys. At least one: an entry without keys runs its one
-// masked tile with no key valid (P = 0, so l = 0: its rows come out NaN with LSE -inf, SDPA's
-// all-masked row), which needs no branch around the accumulators.
+// keys sees (rows clipped to q_len): causal, up to its last real row's keys; otherwise all
+// kv_len keys; none for a block past q_len (the entry's padding rows). At least one, the tile
+// staged before the main loop: an entry without keys runs it masked with no key valid (P = 0,
+// so l = 0: its rows come out NaN with LSE -inf, SDPA's all-masked row), which needs no branch
+// around the accumulators.
 template <class T, bool kCausal>
 SAGE_DEVICE int tiles_for_rows(int row0, int rows, int q_len, int kv_len) {
   const int last = row0 + rows < q_len ? row0 + rows : q_len;  // one past the last row
@@ -575,13 +576,6 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
   const int g0 = group * T::kQueriesPerGroup;  // a multiple of 32 below q_len_pad
   const int q0 = g0 + wave * T::kQueriesPerWave;
   const float* v_scale = p.v_scale + channel_offset(kv_head, D, 0);
-  if (g0 >= q_len) {  // only padding rows of the entry (workgroup-uniform): stage no tiles
-    const float none[2] = {0.0f, 0.0f};
-    WaveState<T> empty;
-    store_rows<T, false, true>(p, empty, none, v_scale, b, hd, q0, q_len);
-    if (p.lse) store_lse<T, true>(p, empty, none, nullptr, b, hd, q0, q_len);
-    return;
-  }
   // A wave past the real queries (q0 >= q_len: padding or past q_len_pad) only helps stage
   // K/V (same loads, stores and barriers) and writes its padding rows as zeros: it runs no
   // WMMA, so its SIMD's issue slots go to the other waves there (the sequence tail: at
@@ -591,7 +585,8 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
 
   const HeadView<T> hv = make_head_view<T>(p, b, kvh);
   const LdsLanes ll = make_lds_lanes<T>();
-  const int group_tiles = tiles_for_rows<T, kCausal>(g0, T::kQueriesPerGroup, q_len, kv_len);
+  const int group_tiles =
+      g0 < q_len ? tiles_for_rows<T, kCausal>(g0, T::kQueriesPerGroup, q_len, kv_len) : 1;
   const int wave_tiles =
       kCausal ? tiles_for_rows<T, kCausal>(q0, T::kQueriesPerWave, q_len, kv_len) : group_tiles;
 
