@@ -30,6 +30,8 @@ _PARAM_FIELDS = [
         ).split()
     ],
     ("q_prescale", ctypes.c_float),
+    ("q_lens", ctypes.c_void_p),
+    ("kv_lens", ctypes.c_void_p),
     ("q", ctypes.c_void_p),
     ("k", ctypes.c_void_p),
     ("v", ctypes.c_void_p),
@@ -73,7 +75,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 6  # the layout of _PARAM_FIELDS
+        assert lib.sage_abi_version() == 7  # the layout of _PARAM_FIELDS
         _LIB["lib"] = lib
     return _LIB["lib"]
 

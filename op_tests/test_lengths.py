@@ -139,15 +139,14 @@ def test_attention_with_lengths(where, d, hq, hkv, dtype, causal, smooth_k, pv_d
     backend = _backend(where, monkeypatch)
     (q, k, v), dirty = _inputs(d, hq, hkv, dtype, seed=2 * d + hq)
     dev = device_for(backend)
+    quant = dict(smooth_k=smooth_k, pv_dtype=pv_dtype, q_lens=Q_LENS)  # kernel and ref alike
     out, lse = aiter_sage.gfx1201_sage_attention(
         *(t.to(dev) for t in dirty),
         is_causal=causal,
-        smooth_k=smooth_k,
-        pv_dtype=pv_dtype,
         return_lse=True,
-        q_lens=Q_LENS,
         kv_lens=torch.tensor(KV_LENS, dtype=torch.int32, device=dev),
         backend=backend,
+        **quant,
     )
     out, lse = out.cpu(), lse.cpu()
     assert out.shape == q.shape and out.dtype == dtype
@@ -158,14 +157,7 @@ def test_attention_with_lengths(where, d, hq, hkv, dtype, causal, smooth_k, pv_d
     assert ref.band_failures(acc) == [], acc
     assert (got_lse - torch.cat(want_lse, dim=-1)).abs().max() < LSE_ATOL
     if backend in ("cpu", "emu"):  # ref's model of these kernels' arithmetic, with the lengths
-        prep, sm = ref.prepare(
-            *dirty,
-            smooth_k=smooth_k,
-            pv_dtype=pv_dtype,
-            return_smoothing=True,
-            q_lens=Q_LENS,
-            kv_lens=KV_LENS,
-        )
+        prep, sm = ref.prepare(*dirty, return_smoothing=True, kv_lens=KV_LENS, **quant)
         kw = dict(
             is_causal=causal,
             lse_corr=sm.lse_corr if smooth_k else None,
