@@ -56,7 +56,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_HOST_CACHE_MB",
         "1024",
         "MiB of freed host blocks (CPU tensors of 4 MiB or more) kept for reuse; `0` off",
-        ("csrc/include/sage/host_blocks.h",),
+        ("csrc/binding/host_blocks.h",),
     ),
     EnvVar(
         "AITER_SAGE_CUDA_PINGPONG",

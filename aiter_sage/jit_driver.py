@@ -515,16 +515,40 @@ def _src_root(spec) -> Path:
     return Path(spec.root) if spec.root else csrc_dir()
 
 
+# What a module's sources may include: headers, and sources pulled in whole (cuda/prepare.cu
+# includes simt/prepare.hip).
+_SOURCE_SUFFIXES = (".h", ".hpp", ".hip", ".cpp", ".cu", ".cuh", ".inc")
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def _included_files(f: Path, search: tuple[Path, ...]) -> list[Path]:
+    """The files `f` names in #include "..." that exist beside it or under a search dir."""
+    found = []
+    for name in _QUOTED_INCLUDE.findall(f.read_text(errors="replace")):
+        for d in (f.parent, *search):
+            if (d / name).is_file():
+                found.append((d / name).resolve())
+                break
+    return found
+
+
 def _source_files(spec, kind: str) -> list[Path]:
-    """The module's sources plus every file it may include: csrc/include and its source dirs."""
-    files = {_src_root(spec) / s for s in spec.sources[kind]}
+    """The module's sources plus every file it may include: every file under csrc/include and
+    its source dirs (a macro-named include, as the cpu tiers use, lands there), and every file
+    reached through quoted #includes (csrc/ and csrc/include are the include path)."""
+    files = {(_src_root(spec) / s).resolve() for s in spec.sources[kind]}
     dirs = {csrc_dir() / "include"} | {f.parent for f in files}
     for d in dirs:
         files.update(
-            p
-            for p in d.rglob("*")
-            if p.is_file() and p.suffix in (".h", ".hpp", ".hip", ".cpp", ".cu", ".cuh", ".inc")
+            p.resolve() for p in d.rglob("*") if p.is_file() and p.suffix in _SOURCE_SUFFIXES
         )
+    search = (csrc_dir(), csrc_dir() / "include")
+    todo = list(files)
+    while todo:
+        for inc in _included_files(todo.pop(), search):
+            if inc not in files:
+                files.add(inc)
+                todo.append(inc)
     return sorted(files)
 
 

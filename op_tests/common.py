@@ -25,8 +25,7 @@ from aiter_sage import backends, jit_driver, ref  # noqa: E402
 
 def present_backends() -> list[str]:
     found = aiter_sage.available_backends()
-    gfx12 = jit_driver.csrc_dir() / "gfx12"
-    if "emu" in found and not (gfx12 / "prepare.hip").exists():
+    if "emu" in found and not (jit_driver.csrc_dir() / "simt" / "prepare.hip").exists():
         found.remove("emu")
     return found
 

@@ -140,7 +140,7 @@ def test_quoted_calibrated_prediction_is_the_model(gfx1201_kernels):
 
     from test_isa import _rocm_reports
 
-    rocm = _rocm_reports("attention.hip")  # {kernel name: report}
+    rocm = _rocm_reports("gfx12/attention.hip")  # {kernel name: report}
     name = "sage_attention_fwd_kernel"
     shape = perf_model.Shape(1, 24, 16384, 128, False)
 

@@ -1,4 +1,5 @@
-"""Host tests of sage/gfx12_fragments.h: the lane and LDS layouts of the gfx12 kernels.
+"""Host tests of gfx12/fragments.h and simt/prepare_layout.h: the gfx12 kernels' lane and LDS
+layouts.
 
 A tiny C++ program includes the header (plain host C++: the functions are SAGE_HD) and dumps
 every mapping; the checks here prove that each mapping covers its elements exactly once, that
@@ -21,7 +22,8 @@ WAVE = 32
 
 DUMP_SRC = r"""
 #include <stdio.h>
-#include "sage/gfx12_fragments.h"
+#include "gfx12/fragments.h"
+#include "simt/prepare_layout.h"
 using namespace sage::gfx12;
 int main() {
   printf("{\"a\":[");

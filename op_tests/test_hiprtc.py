@@ -161,7 +161,7 @@ def test_key_changes_with_hiprtc_version_and_sources(hiprtc_env, tmp_path):
     # An edit of the kernel source: the same module from a copy of csrc with one byte more.
     copy = tmp_path / "csrc"
     shutil.copytree(jit_driver.csrc_dir(), copy)
-    (copy / "gfx12" / "prepare.hip").write_text((copy / "gfx12" / "prepare.hip").read_text() + "\n")
+    (copy / "simt" / "prepare.hip").write_text((copy / "simt" / "prepare.hip").read_text() + "\n")
     edited = dataclasses.replace(spec, root=str(copy))
     assert _key(tc, edited) != _key(tc, dataclasses.replace(spec, root=str(jit_driver.csrc_dir())))
 
@@ -192,7 +192,7 @@ def test_default_order_prefers_a_compiler_over_hiprtc(hiprtc_env, monkeypatch):
 
 
 def test_compile_error_carries_hiprtc_log(hiprtc_env, tmp_path):
-    src = tmp_path / "broken" / "gfx12" / "prepare.hip"
+    src = tmp_path / "broken" / "simt" / "prepare.hip"
     src.parent.mkdir(parents=True)
     src.write_text(
         '#include "sage/platform.h"\n'

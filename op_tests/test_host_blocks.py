@@ -1,4 +1,4 @@
-"""The host block cache of the binding's large CPU tensors (csrc/include/sage/host_blocks.h):
+"""The host block cache of the binding's large CPU tensors (csrc/binding/host_blocks.h):
 the class's rules on the host, then the ops on it — reused blocks never alias a live tensor,
 results are the same with the cache on and off, and freed blocks are reused."""
 

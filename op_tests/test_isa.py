@@ -153,14 +153,14 @@ def test_isa_prepare(arch):
 
 
 def _rocm_reports(source):
-    """Kernel reports of csrc/gfx12/`source` through ROCm 7.2's backend (aiter_sage.rocm_llvm)."""
+    """Kernel reports of csrc/`source` through ROCm 7.2's backend (aiter_sage.rocm_llvm)."""
     from aiter_sage import rocm_llvm
 
     if rocm_llvm.library_path() is None:
         pytest.skip("rocm-llvm-python missing (pip install rocm-llvm-python: .ci/install does)")
     if not isa.tool("clang++"):
         pytest.skip("clang++-19 missing (apt-get install clang-19: .ci/install does)")
-    src = jit_driver.csrc_dir() / "gfx12" / source
+    src = jit_driver.csrc_dir() / source
     with tempfile.TemporaryDirectory() as tmp:
         co = isa.compile_source(src, "gfx1201", Path(tmp), rocm_codegen=True)
         return {k.name: k for k in isa.analyze_code_object(co, "gfx1201")}
@@ -169,7 +169,7 @@ def _rocm_reports(source):
 def test_isa_attention_rocm_backend():
     """Under ROCm 7.2's backend: 0 scratch, the per-toolchain occupancy above, and the same
     WMMA counts per tile as under clang-19."""
-    kernels = _rocm_reports("attention.hip")
+    kernels = _rocm_reports("gfx12/attention.hip")
     assert set(kernels) == set(ROCM_ATTN_BUDGETS), sorted(kernels)
     for name, (waves, vgprs) in ROCM_ATTN_BUDGETS.items():
         k = kernels[name]
@@ -181,7 +181,7 @@ def test_isa_attention_rocm_backend():
 
 
 def test_isa_prepare_rocm_backend():
-    kernels = _rocm_reports("prepare.hip")
+    kernels = _rocm_reports("simt/prepare.hip")
     assert set(PREPARE_WAVES) == set(kernels), sorted(kernels)
     for name, k in kernels.items():
         _no_scratch(k)

@@ -102,6 +102,49 @@ def test_inc_file_edit_rebuilds(tmp_path, cache, builds):
     assert a != b and len(builds) == 2 and call_probe(b) == 12
 
 
+# Preprocessor defines that pick each kind's branch of the platform shim (SAGE_HIPRTC keeps
+# the hip branch off the HIP runtime's headers, which a host compiler cannot read).
+KIND_DEFINES = {
+    "hip": ("-D__HIP__", "-DSAGE_HIPRTC"),
+    "cuda": ("-D__CUDACC__",),
+    "emu": ("-DSAGE_EMU",),
+    "cpu": (),
+    "torch": (),
+}
+
+
+def _compiler_dependencies(source: Path, kind: str) -> set[Path]:
+    """The files under csrc/ that the host compiler's preprocessor opens for `source` (-MM -MG:
+    what it really includes, system headers left out, missing ones tolerated)."""
+    cxx = jit_driver._host_cxx()
+    if cxx is None:
+        pytest.fail("no host C++ compiler (apt-get install g++)")
+    csrc = jit_driver.csrc_dir()
+    out = subprocess.run(
+        [cxx, "-x", "c++", "-std=c++17", "-MM", "-MG", f"-I{csrc}", f"-I{csrc / 'include'}"]
+        + list(KIND_DEFINES[kind])
+        + [str(source)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    names = out.replace("\\\n", " ").split(":", 1)[1].split()
+    return {Path(n).resolve() for n in names if Path(n).resolve().is_relative_to(csrc.resolve())}
+
+
+@pytest.mark.parametrize(
+    "name,kind", [(m.name, k) for m in MODULES.MODULES.values() for k in m.sources]
+)
+def test_cache_key_covers_every_file_the_compiler_reads(name, kind):
+    """Every csrc/ file the compiler opens for a module's sources is hashed into its key, also
+    one included from another room (cuda/prepare.cu compiles simt/prepare.hip)."""
+    spec = MODULES.MODULES[name]
+    hashed = set(jit_driver._source_files(spec, kind))
+    for src in spec.sources[kind]:
+        missing = _compiler_dependencies(jit_driver.csrc_dir() / src, kind) - hashed
+        assert not missing, f"{name} [{kind}] {src}: not in the cache key: {sorted(missing)}"
+
+
 def test_compile_and_link_flags_are_in_the_key(tmp_path, cache, builds):
     """A module's own flags, the toolchain's compile flags and its link flags each change the
     key: a build with other flags is another module."""

@@ -20,9 +20,9 @@
 // are multiples of 32 (upstream's layout), so a wave whose 32 queries lie past the real
 // queries only helps stage K/V, and the last KV tile's V bytes past kv_len are zeroed when
 // staged (P is 0 there, but 0 times a NaN left in the padding would not be). Lane layouts live in
-// sage/gfx12_fragments.h; csrc/gfx12/README.md explains the budget.
+// gfx12/fragments.h; csrc/gfx12/README.md explains the budget.
 #include "sage/check.h"
-#include "sage/gfx12_fragments.h"
+#include "gfx12/fragments.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
@@ -56,7 +56,7 @@ SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
   return x;
 }
 
-// Tiling of one kernel variant. The WMMA lane facts (gfx12_fragments.h) do not depend on it;
+// Tiling of one kernel variant. The WMMA lane facts (gfx12/fragments.h) do not depend on it;
 // the head dim sets the number of WMMA K-steps (Q·Kᵀ) and of accumulator tiles (P·V), the LDS
 // tile sizes and how many 16-byte pieces each thread stages.
 template <int D, bool kFp16Pv = false>

@@ -1,6 +1,6 @@
 // aiter_sage: hardware facts of gfx12 (RDNA4) wave32 WMMA 16x16x16, and nothing else — which
 // lane holds which element of each operand, the wave and LDS geometry. Kernel choices (tile
-// sizes, channel permutations, LDS layouts) live in sage/gfx12_fragments.h on top of these.
+// sizes, channel permutations, LDS layouts) live in gfx12/fragments.h on top of these.
 // Sources: csrc/gfx12/README.md, "gfx12 WMMA facts". Tested on the host by
 // op_tests/test_gfx12_layout.py and against the emulator's WMMA by op_tests/test_emu.py.
 //

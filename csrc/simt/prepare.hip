@@ -26,7 +26,7 @@
 #pragma clang fp contract(off)
 
 #include "sage/check.h"
-#include "sage/gfx12_fragments.h"
+#include "simt/prepare_layout.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
