@@ -11,7 +11,7 @@ import pytest
 
 from common import REPO, build_host_program, cpu_has_tier, run_as_script
 
-BENCH = REPO / "op_benchmarks" / "hip" / "bench_gfx1201_sage_attention.py"
+BENCH = REPO / "op_benchmarks" / "bench_gfx1201_sage_attention.py"
 TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
 
 
@@ -134,7 +134,7 @@ def test_accuracy_floor_exact_pass_equals_reference_model():
 
     from aiter_sage import ref
 
-    sys.path.insert(0, str(REPO / "op_benchmarks" / "hip"))
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
     import accuracy_floor
 
     s = 320
@@ -151,7 +151,7 @@ def test_accuracy_floor_exact_pass_equals_reference_model():
     assert rel(exact, model) < 2e-3, rel(exact, model)  # a few e4m3 ties, BF16 output
     assert 0.02 < rel(exact, want) < 0.06 and 0.02 < rel(model, want) < 0.06
     proc = subprocess.run(
-        [sys.executable, str(REPO / "op_benchmarks" / "hip" / "accuracy_floor.py"), "-s", "96"],
+        [sys.executable, str(REPO / "op_benchmarks" / "accuracy_floor.py"), "-s", "96"],
         capture_output=True,
         text=True,
         timeout=600,

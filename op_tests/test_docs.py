@@ -17,7 +17,7 @@ GFX12_README = REPO / "csrc" / "gfx12" / "README.md"
 README_MAX_LINES = 150  # a newcomer reads it on one screen; the rest lives in docs/
 # The README's two commands, word for word (.ci/run runs the tests' pytest line itself).
 MAIN_JOB = (
-    "bash .ci/install && python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --compare_to_ref"
+    "bash .ci/install && python3 op_benchmarks/bench_gfx1201_sage_attention.py --compare_to_ref"
 )
 TESTS = "bash .ci/install && python3 -m pytest op_tests -q"
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

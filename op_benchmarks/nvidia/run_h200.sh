@@ -14,13 +14,13 @@ if [[ $STAGE == all || $STAGE == tests ]]; then
     2>&1 | tee "$OUT/tests.log" | tail -30
 fi
 if [[ $STAGE == all || $STAGE == bench ]]; then
-  python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --backend cuda -s 4096 16384 32768 \
+  python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda -s 4096 16384 32768 \
     --providers sage sage_core sdpa_cudnn sdpa_flash --compare_to_ref -o "$OUT/bench_d128.csv" \
     2>&1 | tee "$OUT/bench.log"
-  python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --head_dim 64 \
+  python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --head_dim 64 \
     --providers sage sage_core sdpa_cudnn sdpa_flash --compare_to_ref -o "$OUT/bench_d64.csv" \
     2>&1 | tee -a "$OUT/bench.log"
-  python3 op_benchmarks/hip/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --pv_dtype fp16 \
+  python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda -s 16384 --pv_dtype fp16 \
     --providers sage sage_core sdpa_cudnn --compare_to_ref -o "$OUT/bench_fp16.csv" \
     2>&1 | tee -a "$OUT/bench.log"
 fi

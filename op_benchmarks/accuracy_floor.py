@@ -11,7 +11,7 @@ showed the format's floor at 0.0384 / 0.0390 / 0.0387 for S = 4k / 16k / 32k and
 within 0.0018-0.0019 of the exact result (0.002-0.005, growing with S, before O's FP32 home;
 README, NVIDIA section).
 
-    python3 op_benchmarks/hip/accuracy_floor.py --backend cuda -s 4096 16384 32768
+    python3 op_benchmarks/accuracy_floor.py --backend cuda -s 4096 16384 32768
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import aiter_sage  # noqa: E402
 from aiter_sage import ref  # noqa: E402
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, ref  # noqa: E402
