@@ -2,7 +2,7 @@
 
 Each entry names the variable, what unset means, one line on what it does and the files that
 read it. The read sites still call ``os.environ`` / ``getenv`` themselves (the C++ modules
-cannot import Python, and the Python ones move to this table later); ``op_tests/test_env.py``
+cannot import Python, and the Python ones move to this table later); ``op_tests/infra/test_env.py``
 holds them to it: every ``AITER_SAGE_*`` name in the code is declared here, every declared name
 is read by the files listed, and the README's table is this table.
 

@@ -1,7 +1,7 @@
 """Shared pieces of the op tests: which backends are present, inputs, and the script runner.
 
-Every test file runs under pytest and as `python op_tests/test_x.py` (which calls pytest on
-itself). Backends are the ones present: `cpu` wherever a C++ compiler exists, `emu` where
+Every test file runs under pytest and as `python op_tests/<group>/test_x.py` (which calls pytest
+on itself). Backends are the ones present: `cpu` wherever a C++ compiler exists, `emu` where
 clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU, `cuda` on a Hopper GPU.
 """
 

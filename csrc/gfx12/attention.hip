@@ -93,7 +93,7 @@ struct AttnTraits {
   static constexpr int kStageBytes = kKLdsBytes + kVLdsBytes;  // 8496 / 4240 B (FP16 13104 / 6544)
   static constexpr int kStages = 2;                            // double buffer
   static constexpr int kLdsBytes = kStages * kStageBytes;      // 16992 / 8480 B (26208 / 13088)
-  // Immediate strides of the LDS layouts (op_tests/test_gfx12_layout.py): K chunk kc + 1 of the
+  // Immediate strides of the LDS layouts (test_gfx12_layout.py): K chunk kc + 1 of the
   // reads, the next K staging slot; the next 16-channel block of the V reads, the next V
   // staging slot (64 channels further).
   static constexpr int kKLdsChunkStride = k_lds_chunk_stride(D);           // 1088 / 544
@@ -235,7 +235,7 @@ SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
 
 // Per-lane LDS byte offsets within a stage, computed once: inside the loop an access is
 // stage base + one of these + an immediate (the layouts are affine in the loop indices,
-// op_tests/test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
+// test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
 // one per access.
 struct LdsLanes {
   int k_read;   // K row tile_key(0, r), chunk 4h (chunk kc: + kc·kKLdsChunkStride, kk: + 8kk)

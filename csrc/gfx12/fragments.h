@@ -1,8 +1,8 @@
 // aiter_sage: lane bookkeeping of the gfx12 kernels — how the attention kernel permutes
 // channels and keys to make the WMMA operands (sage/arch/gfx12_wmma.h: the hardware's lane
 // layout) contiguous, and where tiles live in LDS. Pure integer functions, usable on host and
-// device, unit-tested on the host by op_tests/test_gfx12_layout.py (every mapping covers each
-// element exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
+// device, unit-tested on the host by op_tests/backends/test_gfx12_layout.py (every mapping covers
+// each element exactly once, LDS accesses are bank-conflict free, and the layouts compose: the Sᵀ
 // accumulator of one WMMA is the P operand of the next).
 #pragma once
 #include "sage/arch/gfx12_wmma.h"
@@ -59,7 +59,7 @@ SAGE_HD constexpr int k_lds_offset(int row, int chunk16) {
 //    chunks: 16 consecutive slots.
 //  * rows never overlap (pad is non-decreasing), and the offsets are affine in the kernel's
 //    loop indices: chunk kc + 1 of the reads is k_lds_chunk_stride(dim) further, staging slot
-//    s + 1 (dim 128 only) k_lds_stage_slot_stride further (op_tests/test_gfx12_layout.py
+//    s + 1 (dim 128 only) k_lds_stage_slot_stride further (op_tests/backends/test_gfx12_layout.py
 //    checks all of it for both head dims).
 SAGE_HD constexpr int k_lds_row_pad(int row, int dim) {
   return row / (256 / dim) + (dim / 32) * (row >> 4);

@@ -1,8 +1,8 @@
 // aiter_sage: lane bookkeeping of the SIMT prepare (csrc/simt/prepare.hip, built for gfx12, for
 // NVIDIA through csrc/cuda/prepare.cu and for the wave emulator): which lane holds which
 // channels of a row, and the LDS tile V is transposed through. Pure integer functions, usable
-// on host and device, unit-tested on the host by op_tests/test_gfx12_layout.py. The namespace
-// is the one prepare.hip's kernels live in.
+// on host and device, unit-tested on the host by op_tests/backends/test_gfx12_layout.py. The
+// namespace is the one prepare.hip's kernels live in.
 #pragma once
 #include "sage/arch/gfx12_wmma.h"  // kWaveSize: 32 lanes, a gfx12 wave and a CUDA warp
 #include "sage/params.h"

@@ -9,8 +9,8 @@ STAGE=${STAGE:-all}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$OUT/gpu.txt"
 python3 op_tests/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log" || exit 1
 if [[ $STAGE == all || $STAGE == tests ]]; then
-  timeout 300 python3 -m pytest -q -k "cuda" op_tests/test_gfx1201_sage_prepare.py \
-    op_tests/test_gfx1201_sage_attention.py op_tests/test_contract_v2.py op_tests/test_long_and_guardrails.py $( [ -f op_tests/test_cuda.py ] && echo op_tests/test_cuda.py) \
+  timeout 300 python3 -m pytest -q -k "cuda" op_tests/ops/test_gfx1201_sage_prepare.py \
+    op_tests/ops/test_gfx1201_sage_attention.py op_tests/ops/test_contract_v2.py op_tests/ops/test_long_and_guardrails.py $( [ -f op_tests/backends/test_cuda.py ] && echo op_tests/backends/test_cuda.py) \
     2>&1 | tee "$OUT/tests.log" | tail -30
 fi
 if [[ $STAGE == all || $STAGE == bench ]]; then

@@ -1,5 +1,5 @@
 // Drives sage::HostBlockCache (csrc/binding/host_blocks.h) without torch and prints one
-// line per check, "name value", for op_tests/test_host_blocks.py to assert on.
+// line per check, "name value", for op_tests/backends/test_host_blocks.py to assert on.
 #include <stdio.h>
 #include <string.h>
 
