@@ -21,6 +21,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
 
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, jit_driver, ref  # noqa: E402
+from aiter_sage.builder import toolchains  # noqa: E402
 
 
 def present_backends() -> list[str]:
@@ -106,7 +107,7 @@ def build_host_program(exe, *args) -> None:
     """Compiles a host C++ program against the repo's headers (csrc/include, csrc) with the
     JIT's host compiler (CXX, else c++ / g++ / clang++): `args` are the sources and any extra
     flags."""
-    cxx = jit_driver._host_cxx()
+    cxx = toolchains._host_cxx()
     if cxx is None:
         pytest.fail("no host C++ compiler (apt-get install g++)")
     subprocess.run(

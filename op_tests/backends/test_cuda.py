@@ -26,13 +26,14 @@ import torch
 
 import aiter_sage
 from aiter_sage import jit_driver, ref
+from aiter_sage.builder import paths, toolchains
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
 from common import REPO, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
 
 
 def _nvcc_or_fail() -> str:
-    nvcc = jit_driver._nvcc()
+    nvcc = toolchains._nvcc()
     if not nvcc:
         pytest.fail("nvcc (CUDA 12.3+) is needed to compile the cuda sources; set NVCC/CUDA_HOME")
     return nvcc
@@ -43,7 +44,7 @@ def _compile(module: str, extra: tuple[str, ...], tmp_path) -> str:
     spec = jit_driver.module_table().MODULES[module]
     tc = jit_driver.toolchain_for("sm_90")
     src = jit_driver.csrc_dir() / spec.sources["cuda"][0]
-    cmd = [tc.compiler, *tc.cflags, *jit_driver._spec_flags(spec, "cuda"), *extra, str(src)]
+    cmd = [tc.compiler, *tc.cflags, *paths._spec_flags(spec, "cuda"), *extra, str(src)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout + proc.stderr
@@ -122,7 +123,7 @@ def test_attention_wgmmas_are_not_serialized(attention_build):
 def test_prepare_compiles_without_contraction(tmp_path):
     _nvcc_or_fail()
     spec = jit_driver.module_table().MODULES["module_gfx1201_sage_prepare"]
-    assert "--fmad=false" in jit_driver._spec_flags(spec, "cuda")
+    assert "--fmad=false" in paths._spec_flags(spec, "cuda")
     log = _compile("module_gfx1201_sage_prepare", ("-ptx", "-o", "p.ptx"), tmp_path)
     ptx = (tmp_path / "p.ptx").read_text()
     assert "fma.rn.f32" not in ptx, log

@@ -24,6 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from aiter_sage import hiprtc, isa, jit_driver  # noqa: E402
+from aiter_sage.builder import toolchains  # noqa: E402
 
 import _op_tests  # noqa: E402,F401  (op_tests/ and its groups on sys.path)
 from test_isa import PREPARE_WAVES  # noqa: E402
@@ -184,11 +185,11 @@ def test_forced_toolchain(hiprtc_env, monkeypatch):
 def test_default_order_prefers_a_compiler_over_hiprtc(hiprtc_env, monkeypatch):
     monkeypatch.delenv("AITER_SAGE_HIP_TOOLCHAIN")
     tc = jit_driver.toolchain_for(ARCH)
-    if jit_driver._hipcc_toolchain(ARCH) or jit_driver._clang_hip_toolchain(ARCH):
+    if toolchains._hipcc_toolchain(ARCH) or toolchains._clang_hip_toolchain(ARCH):
         assert not isinstance(tc, jit_driver.HiprtcToolchain)
     # With neither hipcc nor clang, the same call falls back to hiprtc.
-    monkeypatch.setattr(jit_driver, "_hipcc_toolchain", lambda arch: None)
-    monkeypatch.setattr(jit_driver, "_clang_hip_toolchain", lambda arch: None)
+    monkeypatch.setattr(toolchains, "_hipcc_toolchain", lambda arch: None)
+    monkeypatch.setattr(toolchains, "_clang_hip_toolchain", lambda arch: None)
     assert isinstance(jit_driver.toolchain_for(ARCH), jit_driver.HiprtcToolchain)
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from aiter_sage import jit_driver
+from aiter_sage.builder import cache as jit_cache
+from aiter_sage.builder import driver, ninja, paths, toolchains
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
 from common import REPO, run_as_script
@@ -39,13 +41,13 @@ def cache(tmp_path, monkeypatch):
 def builds(monkeypatch):
     """Counts real compiler runs."""
     count = []
-    real = jit_driver._run_ninja
+    real = ninja.run_ninja
 
     def counting(*a, **kw):
         count.append(a)
         return real(*a, **kw)
 
-    monkeypatch.setattr(jit_driver, "_run_ninja", counting)
+    monkeypatch.setattr(ninja, "run_ninja", counting)
     return count
 
 
@@ -117,7 +119,7 @@ KIND_DEFINES = {
 def _compiler_dependencies(source: Path, kind: str) -> set[Path]:
     """The files under csrc/ that the host compiler's preprocessor opens for `source` (-MM -MG:
     what it really includes, system headers left out, missing ones tolerated)."""
-    cxx = jit_driver._host_cxx()
+    cxx = toolchains._host_cxx()
     if cxx is None:
         pytest.fail("no host C++ compiler (apt-get install g++)")
     csrc = jit_driver.csrc_dir()
@@ -140,7 +142,7 @@ def test_cache_key_covers_every_file_the_compiler_reads(name, kind):
     """Every csrc/ file the compiler opens for a module's sources is hashed into its key, also
     one included from another room (cuda/prepare.cu compiles simt/prepare.hip)."""
     spec = MODULES.MODULES[name]
-    hashed = set(jit_driver._source_files(spec, kind))
+    hashed = set(jit_cache._source_files(spec, kind))
     for src in spec.sources[kind]:
         missing = _compiler_dependencies(jit_driver.csrc_dir() / src, kind) - hashed
         assert not missing, f"{name} [{kind}] {src}: not in the cache key: {sorted(missing)}"
@@ -187,7 +189,7 @@ def test_same_size_corruption_of_a_cached_module_is_rebuilt(tmp_path, cache, bui
     damaged.write_bytes(bytes(data))
     os.replace(damaged, so)
     assert so.stat().st_size == len(data)
-    assert jit_driver._check_loadable(so, spec.entry) is None
+    assert driver._check_loadable(so, spec.entry) is None
     again = jit_driver.ensure_module(spec, "cpu")
     assert again == so and len(builds) == 2
     assert b"probe_module target=cpu" in so.read_bytes() and call_probe(so) == 9
@@ -272,7 +274,7 @@ def test_corrupt_cached_file_is_rebuilt(tmp_path, cache, builds, damage):
     else:  # hashes as recorded, but is not a loadable module
         overwrite(so, b"junk")
         meta = json.loads(manifest.read_text())
-        meta["sha256"] = jit_driver._sha256_file(so)
+        meta["sha256"] = jit_cache._sha256_file(so)
         manifest.write_text(json.dumps(meta))
     again = jit_driver.ensure_module(spec, "cpu")
     assert again == so and len(builds) == 2 and call_probe(again) == 9
@@ -311,16 +313,16 @@ def test_binding_builds_with_openmp_exactly_where_torch_and_the_compiler_have_it
         f'exec {real} "$@"\n'
     )
     refusing.chmod(0o755)
-    assert not jit_driver._compiler_has_openmp(str(refusing))
+    assert not toolchains._compiler_has_openmp(str(refusing))
     # the answer is kept per compiler: a later process reads it instead of compiling again
-    jit_driver._compiler_has_openmp.cache_clear()
+    toolchains._compiler_has_openmp.cache_clear()
     with monkeypatch.context() as m:
-        m.setattr(jit_driver.subprocess, "run", lambda *a, **k: pytest.fail("probed again"))
-        assert not jit_driver._compiler_has_openmp(str(refusing))
+        m.setattr(toolchains.subprocess, "run", lambda *a, **k: pytest.fail("probed again"))
+        assert not toolchains._compiler_has_openmp(str(refusing))
     monkeypatch.setenv("CXX", str(refusing))
     assert "-fopenmp" not in jit_driver.toolchain_for("torch").cflags
     monkeypatch.setenv("CXX", real)
-    has = jit_driver._compiler_has_openmp(real)
+    has = toolchains._compiler_has_openmp(real)
     want = torch.backends.openmp.is_available() and has
     tc = jit_driver.toolchain_for("torch")
     assert ("-fopenmp" in tc.cflags) == want and ("-fopenmp" in tc.ldflags) == want
@@ -385,8 +387,8 @@ def test_setup_prebuild_includes_gfx12_only_when_listed(tmp_path, monkeypatch):
     assert len(built) == 4
     # The prebuilt files are what ensure_module takes first for a matching source tree,
     # without running a compiler.
-    monkeypatch.setattr(jit_driver, "prebuilt_root", lambda: pkg / "_prebuilt")
-    monkeypatch.setattr(jit_driver, "toolchain_for", lambda t: pytest.fail("compiler used"))
+    monkeypatch.setattr(paths, "prebuilt_root", lambda: pkg / "_prebuilt")
+    monkeypatch.setattr(toolchains, "toolchain_for", lambda t: pytest.fail("compiler used"))
     for arch in ("gfx1201", "gfx1200"):
         so = jit_driver.ensure_module("module_gfx1201_sage_attention", arch)
         assert so.parent == pkg / "_prebuilt" / arch

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from aiter_sage import jit_driver
+from aiter_sage.builder import cache as jit_cache
+from aiter_sage.builder import driver
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
 from common import REPO, run_as_script
@@ -32,7 +34,7 @@ from test_jit import call_probe
 from test_jit import make_probe as _make_probe
 
 MODULES = jit_driver.module_table()
-DRIVER_FILE = REPO / "aiter_sage" / "jit_driver.py"
+PACKAGE_DIR = REPO / "aiter_sage"
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -135,12 +137,13 @@ def wrapper(tmp_path):
 # import, so several start in well under a second). It waits for `go` (a start barrier)
 # when given, then prints {"so", "t0", "t1"} as JSON; a LockTimeout is printed and exits 3.
 CHILD = textwrap.dedent("""
-    import importlib.util, json, os, sys, time
-    spec = importlib.util.spec_from_file_location("aiter_sage_jit_driver", {driver!r})
-    jd = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(jd)
-    jd.LOCK_REPORT_EVERY_S = float(os.environ.get("TEST_REPORT_EVERY", "30"))
-    m = jd.module_table()
+    import json, os, sys, time
+    import types
+    pkg = sys.modules["aiter_sage"] = types.ModuleType("aiter_sage")  # as setup.py: no torch
+    pkg.__path__ = [{package!r}]
+    from aiter_sage.builder import cache as jit_cache, driver as jd, errors, paths
+    jit_cache.LOCK_REPORT_EVERY_S = float(os.environ.get("TEST_REPORT_EVERY", "30"))
+    m = paths.module_table()
     probe = m.ModuleSpec(name="reliability_probe", archs=(), sources={{"cpu": ("probe.cpp",)}},
                          entry="sage_probe_launch", root={root!r})
     ready, go = os.environ.get("TEST_READY"), os.environ.get("TEST_GO")
@@ -151,7 +154,7 @@ CHILD = textwrap.dedent("""
     t0 = time.time()
     try:
         so = jd.ensure_module(probe, "cpu")
-    except jd.LockTimeout as e:
+    except errors.LockTimeout as e:
         print(json.dumps({{"timeout": str(e)}}))
         sys.exit(3)
     print(json.dumps({{"so": str(so), "t0": t0, "t1": time.time()}}))
@@ -160,7 +163,7 @@ CHILD = textwrap.dedent("""
 
 def start_child(src: Path, cache_dir: Path, extra_env: dict, **popen) -> subprocess.Popen:
     env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache_dir), **extra_env)
-    script = CHILD.format(driver=str(DRIVER_FILE), root=str(src))
+    script = CHILD.format(package=str(PACKAGE_DIR), root=str(src))
     return subprocess.Popen(
         [sys.executable, "-c", script],
         env=env,
@@ -365,7 +368,7 @@ def test_noexec_cache_dir_is_explained(tmp_path, monkeypatch, mount_tmpfs):
     d = mount_tmpfs("noexec")
     if d is None:  # simulate the mount flag the driver reads
         d = tmp_path / "noexec"
-        monkeypatch.setattr(jit_driver, "_mounted_noexec", lambda p: True)
+        monkeypatch.setattr(jit_cache, "_mounted_noexec", lambda p: True)
     monkeypatch.setenv("AITER_SAGE_CACHE_DIR", str(d))
     with pytest.raises(jit_driver.CacheDirError, match="mounted noexec.*set AITER_SAGE_CACHE_DIR"):
         jit_driver.ensure_module(make_probe(tmp_path / "src", 1), "cpu")
@@ -538,7 +541,7 @@ def test_cached_file_with_a_different_hash_is_rebuilt(tmp_path, cache):
     swapped = so.with_suffix(".swap")
     shutil.copy(other, swapped)
     os.replace(swapped, so)
-    assert jit_driver._check_loadable(so, spec.entry) is None  # only the hash tells them apart
+    assert driver._check_loadable(so, spec.entry) is None  # only the hash tells them apart
     assert manifest_sha(so) != sha256(so)
     again = jit_driver.ensure_module(spec, "cpu")
     assert again == so and manifest_sha(so) == sha256(so) and sha256(so) != sha256(other)
