@@ -7,10 +7,10 @@ in GPU_ARCHS (environment, else GPU_ARCHS.cfg) that they serve; the gfx1201 Sage
 modules are left to the JIT unless gfx1201 or gfx1200 is listed. Nothing here needs torch.
 """
 
-import importlib.util
 import os
 import shutil
 import sys
+import types
 from pathlib import Path
 
 from setuptools import setup
@@ -20,13 +20,15 @@ ROOT = Path(__file__).resolve().parent
 
 
 def _load_driver():
-    spec = importlib.util.spec_from_file_location(
-        "_aiter_sage_jit_driver", ROOT / "aiter_sage" / "jit_driver.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
+    """aiter_sage.builder.driver without running aiter_sage/__init__.py (which imports torch): the
+    package is entered as a bare namespace of its folder, for this process only."""
+    if "aiter_sage" not in sys.modules:
+        pkg = types.ModuleType("aiter_sage")
+        pkg.__path__ = [str(ROOT / "aiter_sage")]
+        sys.modules["aiter_sage"] = pkg
+    from aiter_sage.builder import driver, paths
+
+    return types.SimpleNamespace(configured_archs=paths.configured_archs, prebuild=driver.prebuild)
 
 
 class BuildPyWithSources(build_py):
@@ -52,7 +54,7 @@ class BuildPyWithSources(build_py):
 
 # Name, version, dependencies and entry points: pyproject.toml's [project].
 setup(
-    packages=["aiter_sage", "aiter_sage.integrations", "aiter_sage.jit"],
+    packages=["aiter_sage", "aiter_sage.builder", "aiter_sage.integrations", "aiter_sage.jit"],
     package_dir={"aiter_sage": "aiter_sage", "aiter_sage.jit": "jit"},
     cmdclass={"build_py": BuildPyWithSources},
 )

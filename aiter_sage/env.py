@@ -2,7 +2,7 @@
 
 Each entry names the variable, what unset means, one line on what it does and the files that
 read it. The read sites still call ``os.environ`` / ``getenv`` themselves (the C++ modules
-cannot import Python, and the Python ones move to this table later); ``op_tests/test_env.py``
+cannot import Python, and the Python ones move to this table later); ``op_tests/infra/test_env.py``
 holds them to it: every ``AITER_SAGE_*`` name in the code is declared here, every declared name
 is read by the files listed, and the README's table is this table.
 
@@ -27,7 +27,6 @@ class EnvVar:
     readers: tuple[str, ...]  # repository paths of the files that read it
 
 
-_JIT = "aiter_sage/jit_driver.py"
 _EMU_RUNTIME = "csrc/emu/runtime.cpp"
 
 VARIABLES: tuple[EnvVar, ...] = (
@@ -56,7 +55,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_HOST_CACHE_MB",
         "1024",
         "MiB of freed host blocks (CPU tensors of 4 MiB or more) kept for reuse; `0` off",
-        ("csrc/include/sage/host_blocks.h",),
+        ("csrc/binding/host_blocks.h",),
     ),
     EnvVar(
         "AITER_SAGE_CUDA_PINGPONG",
@@ -69,19 +68,19 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_CACHE_DIR",
         "`$XDG_CACHE_HOME/aiter_sage`, else `~/.cache/aiter_sage`",
         "the module cache, one folder per build target",
-        (_JIT,),
+        ("aiter_sage/builder/paths.py",),
     ),
     EnvVar(
         "AITER_SAGE_HIP_TOOLCHAIN",
         "the first present of `hipcc`, `clang`, `hiprtc`",
         "force the gfx12 toolchain (`hipcc`, `clang` or `hiprtc`); a missing one is an error",
-        (_JIT,),
+        ("aiter_sage/builder/toolchains.py",),
     ),
     EnvVar(
         "AITER_SAGE_HIP_CLANG",
         "`clang++-19`, `-20`, `-18` on `PATH`",
         "a clang++ that builds gfx12 code without ROCm",
-        (_JIT,),
+        ("aiter_sage/builder/toolchains.py",),
     ),
     EnvVar(
         "AITER_SAGE_HIPRTC_LIB",
@@ -93,32 +92,32 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_EMU_CXX",
         "`clang++-19`, `-20`, `-18`, `clang++`",
         "the clang++ that builds the emulator modules",
-        (_JIT,),
+        ("aiter_sage/builder/toolchains.py",),
     ),
     EnvVar(
         "AITER_SAGE_NINJA",
         "`ninja` on `PATH`",
         "the ninja executable the JIT runs",
-        (_JIT,),
+        ("aiter_sage/builder/ninja.py",),
     ),
     EnvVar(
         "AITER_SAGE_LOG_LEVEL",
         "`INFO`",
         "level of the `aiter_sage` logger (`INFO`: one line per module build); an unknown level "
         "warns and keeps `INFO`",
-        (_JIT,),
+        ("aiter_sage/log.py",),
     ),
     EnvVar(
         "AITER_SAGE_LOCK_TIMEOUT",
         "wait, naming the holder every 30 s",
         "seconds to wait for another process's build of the same module before `LockTimeout`",
-        (_JIT,),
+        ("aiter_sage/builder/cache.py",),
     ),
     EnvVar(
         "AITER_SAGE_IGNORE_PREBUILT",
         "prebuilt modules are used",
         "`1`: ignore modules prebuilt by `pip install` and build into the cache (tests)",
-        (_JIT,),
+        ("aiter_sage/builder/driver.py",),
     ),
     EnvVar(
         "AITER_SAGE_LAZY_REGISTER",
@@ -168,7 +167,7 @@ VARIABLES: tuple[EnvVar, ...] = (
         "GPU_ARCHS",
         "`GPU_ARCHS.cfg`",
         "archs to prebuild, e.g. `gfx1201;gfx1200` or `sm_90`",
-        (_JIT,),
+        ("aiter_sage/builder/paths.py",),
     ),
     EnvVar(
         "PREBUILD_KERNELS",
@@ -180,30 +179,50 @@ VARIABLES: tuple[EnvVar, ...] = (
         "ROCM_PATH",
         "`$HIP_PATH`, else `/opt/rocm`",
         "the ROCm root (hipcc, hiprtc, HIP headers)",
-        (_JIT, "aiter_sage/hiprtc.py"),
+        ("aiter_sage/builder/paths.py", "aiter_sage/hiprtc.py"),
     ),
-    EnvVar("HIP_PATH", "`/opt/rocm`", "the ROCm root when `ROCM_PATH` is unset", (_JIT,)),
-    EnvVar("HIPCC", "`$ROCM_PATH/bin/hipcc`, `hipcc`", "the HIP compiler", (_JIT,)),
+    EnvVar(
+        "HIP_PATH",
+        "`/opt/rocm`",
+        "the ROCm root when `ROCM_PATH` is unset",
+        ("aiter_sage/builder/paths.py",),
+    ),
+    EnvVar(
+        "HIPCC",
+        "`$ROCM_PATH/bin/hipcc`, `hipcc`",
+        "the HIP compiler",
+        ("aiter_sage/builder/toolchains.py",),
+    ),
     EnvVar(
         "CUDA_HOME",
         "`$CUDA_PATH`, else `/usr/local/cuda`",
         "the CUDA root (nvcc)",
-        (_JIT,),
+        ("aiter_sage/builder/toolchains.py",),
     ),
-    EnvVar("CUDA_PATH", "`/usr/local/cuda`", "the CUDA root when `CUDA_HOME` is unset", (_JIT,)),
-    EnvVar("NVCC", "`$CUDA_HOME/bin/nvcc`, `nvcc`", "the CUDA compiler", (_JIT,)),
+    EnvVar(
+        "CUDA_PATH",
+        "`/usr/local/cuda`",
+        "the CUDA root when `CUDA_HOME` is unset",
+        ("aiter_sage/builder/toolchains.py",),
+    ),
+    EnvVar(
+        "NVCC",
+        "`$CUDA_HOME/bin/nvcc`, `nvcc`",
+        "the CUDA compiler",
+        ("aiter_sage/builder/toolchains.py",),
+    ),
     EnvVar(
         "CXX",
         "`c++`, `g++`, `clang++`",
         "host compiler of the cpu modules, the binding and hiprtc's host half",
-        (_JIT,),
+        ("aiter_sage/builder/toolchains.py",),
     ),
-    EnvVar("MAX_JOBS", "the CPU count", "parallel compile jobs", (_JIT,)),
+    EnvVar("MAX_JOBS", "the CPU count", "parallel compile jobs", ("aiter_sage/builder/ninja.py",)),
     EnvVar(
         "XDG_CACHE_HOME",
         "`~/.cache`",
         "parent of the default module cache",
-        (_JIT,),
+        ("aiter_sage/builder/paths.py",),
     ),
 )
 

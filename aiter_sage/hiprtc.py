@@ -212,12 +212,24 @@ def find_hip_include() -> Path | None:
 # ----------------------------------------------------------------------------------------------
 # The device half
 # ----------------------------------------------------------------------------------------------
+# csrc/ folders whose headers device code includes as "<room>/<name>.h" (tiling, lane layouts).
+KERNEL_HEADER_ROOMS = ("gfx12", "simt")
+
+
 def device_headers(csrc: Path) -> dict[str, str]:
     """Every header a kernel source may include, by the name it is included as."""
     inc = Path(csrc) / "include"
     headers = {
         p.relative_to(inc).as_posix(): p.read_text() for p in sorted((inc / "sage").rglob("*.h"))
     }
+    # Headers that live beside the kernels they serve are included by their csrc/ path.
+    for room in KERNEL_HEADER_ROOMS:
+        headers.update(
+            {
+                p.relative_to(csrc).as_posix(): p.read_text()
+                for p in sorted((Path(csrc) / room).glob("*.h"))
+            }
+        )
     headers["stdint.h"] = (inc / "sage" / "hiprtc" / "stdint.h").read_text()
     return headers
 

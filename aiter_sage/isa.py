@@ -508,7 +508,7 @@ WMMA_OPS = 2 * 16 * 16 * 16
 # RDNA3/4 run in a separate unit beside the VALU (RDNA3 ISA guide, s_delay_alu TRANS32_DEP):
 # each costs 1 issue clock, and the unit bounds a wave at 4 clocks per transcendental.
 TRANS_CLOCKS = 4
-# LDS: 64 banks x 4 bytes per WGP (RDNA4 ISA guide, LDS chapter; sage/gfx12_fragments.h
+# LDS: 64 banks x 4 bytes per WGP (RDNA4 ISA guide, LDS chapter; gfx12/fragments.h
 # kLdsPassBytes) = 256 B/clk per WGP shared by 4 SIMDs.
 LDS_BYTES_PER_CLK_PER_WGP = 256
 # Vector memory: one 64-byte cache line per clock per CU from L1/L2 (RDNA whitepaper: the L0

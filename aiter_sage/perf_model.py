@@ -152,7 +152,7 @@ class Calibration:
 
 
 # Final fit on all of opus_attn_gfx1201 v0-v11 x 3 shapes (ROCm 7.2 backend statistics), from
-# `python3 op_benchmarks/hip/calibrate_model.py`; op_tests/test_perf_model.py refits the
+# `python3 op_benchmarks/hip/calibrate_model.py`; op_tests/backends/test_perf_model.py refits the
 # committed data and checks these. HELD_OUT_ERROR: median |error| on the held-out versions
 # when fitted without them, the band quoted with every prediction.
 CALIBRATED = Calibration(a_vmem=11.0, a_lds=8.8, l_vmem=178.6, l_lds=69.1, l_barrier=306.8)

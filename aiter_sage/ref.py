@@ -2,7 +2,7 @@
 
 Every backend's ``gfx1201_sage_prepare`` must equal :func:`prepare` bit for bit, and every
 backend's attention must sit inside :data:`BAND` of :func:`attention_fp32`. Prepare follows
-upstream ROCm aiter's gfx1201 reference (``op_tests/test_gfx1201_sage_prepare.py`` there)
+upstream ROCm aiter's gfx1201 reference (``op_tests/ops/test_gfx1201_sage_prepare.py`` there)
 step by step; the quantized attention is modelled in :func:`attention_from_prepared` so that a
 reader can see where each rounding happens. Each step is one correctly rounded IEEE float32
 operation unless stated.
@@ -86,7 +86,7 @@ FP16 P.V (``pv_dtype="fp16"``, keyword-only on prepare and attention; default "f
     (relative weights to ~1e-7 of the row max, where e4m3 flushes below 2^-9 / 448 = 4.4e-6):
     what keeps long rows (100k+ keys, many small weights) accurate.
 
-Finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
+Finite input (every backend and tier; op_tests/ops/test_long_and_guardrails.py)
   * Finite inputs give finite outputs. The exact attention of a row is a mean of its V rows,
     representable in the input dtype, yet the quantized P and V carry O a little past |V|'s
     maximum (FP16 V at 65504: up to 66000 with e4m3 P, which rounds to inf; BF16 V at its
@@ -95,7 +95,7 @@ Finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
     the steps of :func:`attention_from_prepared`; NaN stays NaN and +-inf stays +-inf (an inf
     comes only from a non-finite V scale, i.e. non-finite input, below).
 
-Non-finite input (every backend and tier; op_tests/test_long_and_guardrails.py)
+Non-finite input (every backend and tier; op_tests/ops/test_long_and_guardrails.py)
   * A row that FP32 SDPA makes non-finite is non-finite in ours, and a row we return finite is
     in the band: never finite garbage. The quantization keeps it so by construction: a Q or K
     block whose amax is NaN or +inf gets scale NaN / +inf and zero codes (NaN and inf codes
@@ -239,7 +239,7 @@ def fp8_bits(t: torch.Tensor) -> torch.Tensor:
 # accumulator a lane l summing channels 8a + l + 32i for i = 0..3 in turn; then
 # ((a0 + a1) + a2) + a3 per lane, then lanes 0..7 in turn. This is the order torch's CPU
 # reduction uses at its AVX2 capability, so ref.rmsnorm equals F.rms_norm there bit for bit
-# (op_tests/test_gfx1201_sage_prepare.py measures how often, on this machine's torch).
+# (op_tests/ops/test_gfx1201_sage_prepare.py measures how often, on this machine's torch).
 NORM_LANES = 8
 NORM_ACCS = 4
 

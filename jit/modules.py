@@ -40,10 +40,10 @@ MODULES: dict[str, ModuleSpec] = {
             name="module_gfx1201_sage_prepare",
             archs=GFX12_ARCHS + CUDA_ARCHS,
             sources={
-                "hip": ("gfx12/prepare.hip",),
+                "hip": ("simt/prepare.hip",),
                 # The same SIMT source through the platform shim's CUDA branch.
                 "cuda": ("cuda/prepare.cu",),
-                "emu": ("gfx12/prepare.hip",) + EMU_RUNTIME,
+                "emu": ("simt/prepare.hip",) + EMU_RUNTIME,
                 "cpu": (
                     "cpu/prepare.cpp",
                     "cpu/prepare_scalar.cpp",

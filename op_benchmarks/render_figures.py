@@ -5,7 +5,7 @@ One figure per backend, each a speed panel and an accuracy-versus-length panel:
 
   cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
           avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
-  cuda    op_benchmarks/hip/h200_bench_{d128,d64,fp16}.csv (one H200, run_h200.sh)
+  cuda    op_benchmarks/nvidia/h200_bench_{d128,d64,fp16}.csv (one H200, run_h200.sh)
   gfx12   a PREDICTION: the calibrated model's TFLOPS (aiter_sage/perf_model.py, what
           `python3 -m aiter_sage.isa --arch gfx1201 --model r9700 --shape B,H,S,D
           --queries-per-group 128` prints) for each S, with its held-out error as the band
@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "op_benchmarks" / "results"
-H200 = REPO / "op_benchmarks" / "hip"
+H200 = REPO / "op_benchmarks" / "nvidia"
 IMAGES = REPO / "docs" / "images"
 ACCURACY_CSV = RESULTS / "accuracy_vs_seqlen.csv"
 CPU_CSV = RESULTS / "cpu_main_job.csv"

@@ -3,7 +3,7 @@
 A skip whose reason does not start with :data:`HARDWARE_PREFIX` (a missing compiler, LLVM
 tool, sanitizer runtime, Python package, ...) is turned into a failure that names the
 reason, so a CI machine that lacks something `.ci/install` should have installed cannot pass
-by skipping. Loaded by op_tests/conftest.py; op_tests/test_ci_policy.py proves it.
+by skipping. Loaded by op_tests/conftest.py; op_tests/infra/test_ci_policy.py proves it.
 """
 
 from __future__ import annotations

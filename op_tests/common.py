@@ -1,7 +1,7 @@
 """Shared pieces of the op tests: which backends are present, inputs, and the script runner.
 
-Every test file runs under pytest and as `python op_tests/test_x.py` (which calls pytest on
-itself). Backends are the ones present: `cpu` wherever a C++ compiler exists, `emu` where
+Every test file runs under pytest and as `python op_tests/<group>/test_x.py` (which calls pytest
+on itself). Backends are the ones present: `cpu` wherever a C++ compiler exists, `emu` where
 clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU, `cuda` on a Hopper GPU.
 """
 
@@ -21,12 +21,12 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
 
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, jit_driver, ref  # noqa: E402
+from aiter_sage.builder import toolchains  # noqa: E402
 
 
 def present_backends() -> list[str]:
     found = aiter_sage.available_backends()
-    gfx12 = jit_driver.csrc_dir() / "gfx12"
-    if "emu" in found and not (gfx12 / "prepare.hip").exists():
+    if "emu" in found and not (jit_driver.csrc_dir() / "simt" / "prepare.hip").exists():
         found.remove("emu")
     return found
 
@@ -107,7 +107,7 @@ def build_host_program(exe, *args) -> None:
     """Compiles a host C++ program against the repo's headers (csrc/include, csrc) with the
     JIT's host compiler (CXX, else c++ / g++ / clang++): `args` are the sources and any extra
     flags."""
-    cxx = jit_driver._host_cxx()
+    cxx = toolchains._host_cxx()
     if cxx is None:
         pytest.fail("no host C++ compiler (apt-get install g++)")
     subprocess.run(

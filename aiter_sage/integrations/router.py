@@ -30,8 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import backends, guards, jit_driver, masks, ops, ref
-
-logger = jit_driver.logger
+from ..log import logger
 
 _SAGE_DTYPES = (torch.bfloat16, torch.float16)
 # The original torch function, whatever F.scaled_dot_product_attention is later patched to.

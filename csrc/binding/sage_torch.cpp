@@ -26,7 +26,7 @@
 #include <unordered_map>
 
 #include "sage/check.h"
-#include "sage/host_blocks.h"
+#include "binding/host_blocks.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
@@ -41,7 +41,7 @@ namespace py = pybind11;
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Host memory of large CPU tensors (see sage/host_blocks.h: why, and the cache's rules)
+// Host memory of large CPU tensors (see binding/host_blocks.h: why, and the cache's rules)
 // ---------------------------------------------------------------------------------------------
 sage::HostBlockCache& host_blocks() {
   // Leaked on purpose: tensors freed during interpreter teardown still give their blocks back.

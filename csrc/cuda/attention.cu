@@ -875,7 +875,7 @@ SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
 
 namespace {
 // All of contract v2, FP16 P.V (the kPv16 kernels) included. The cuda prepare is
-// csrc/gfx12/prepare.hip's and checks its own features.
+// csrc/simt/prepare.hip's and checks its own features.
 constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
 
 // cuTensorMapEncodeTiled, from the driver through the runtime's entry-point query (the module

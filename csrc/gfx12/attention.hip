@@ -20,9 +20,9 @@
 // are multiples of 32 (upstream's layout), so a wave whose 32 queries lie past the real
 // queries only helps stage K/V, and the last KV tile's V bytes past kv_len are zeroed when
 // staged (P is 0 there, but 0 times a NaN left in the padding would not be). Lane layouts live in
-// sage/gfx12_fragments.h; csrc/gfx12/README.md explains the budget.
+// gfx12/fragments.h; csrc/gfx12/README.md explains the budget.
 #include "sage/check.h"
-#include "sage/gfx12_fragments.h"
+#include "gfx12/fragments.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
@@ -56,7 +56,7 @@ SAGE_DEVICE v2f32 pin_vgpr_pair(v2f32 x) {
   return x;
 }
 
-// Tiling of one kernel variant. The WMMA lane facts (gfx12_fragments.h) do not depend on it;
+// Tiling of one kernel variant. The WMMA lane facts (gfx12/fragments.h) do not depend on it;
 // the head dim sets the number of WMMA K-steps (Q·Kᵀ) and of accumulator tiles (P·V), the LDS
 // tile sizes and how many 16-byte pieces each thread stages.
 template <int D, bool kFp16Pv = false>
@@ -93,7 +93,7 @@ struct AttnTraits {
   static constexpr int kStageBytes = kKLdsBytes + kVLdsBytes;  // 8496 / 4240 B (FP16 13104 / 6544)
   static constexpr int kStages = 2;                            // double buffer
   static constexpr int kLdsBytes = kStages * kStageBytes;      // 16992 / 8480 B (26208 / 13088)
-  // Immediate strides of the LDS layouts (op_tests/test_gfx12_layout.py): K chunk kc + 1 of the
+  // Immediate strides of the LDS layouts (test_gfx12_layout.py): K chunk kc + 1 of the
   // reads, the next K staging slot; the next 16-channel block of the V reads, the next V
   // staging slot (64 channels further).
   static constexpr int kKLdsChunkStride = k_lds_chunk_stride(D);           // 1088 / 544
@@ -235,7 +235,7 @@ SAGE_DEVICE TileStage<T> load_tile(const HeadView<T>& hv, int tile) {
 
 // Per-lane LDS byte offsets within a stage, computed once: inside the loop an access is
 // stage base + one of these + an immediate (the layouts are affine in the loop indices,
-// op_tests/test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
+// test_gfx12_layout.py), so each tile costs one VALU add per lane base instead of
 // one per access.
 struct LdsLanes {
   int k_read;   // K row tile_key(0, r), chunk 4h (chunk kc: + kc·kKLdsChunkStride, kk: + 8kk)

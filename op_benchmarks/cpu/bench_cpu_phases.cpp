@@ -1,7 +1,7 @@
 // Times the cpu backend's prepare and attention modules through their C ABI, without torch:
 // no binding to build (the modules build in seconds), and no tensor allocation in the timed
 // region, so the two phases and the thread scaling of one tier show alone. The torch benchmark
-// (op_benchmarks/hip/bench_gfx1201_sage_attention.py) is the one to quote against SDPA.
+// (op_benchmarks/bench_gfx1201_sage_attention.py) is the one to quote against SDPA.
 //
 // Build (from the repository root; F = the cpu toolchain's flags, jit_driver.py):
 //   F="-std=c++17 -O3 -fPIC -pthread -ffp-contract=off -fvisibility=hidden -Icsrc -Icsrc/include"

@@ -1,9 +1,9 @@
-// Drives sage::HostBlockCache (csrc/include/sage/host_blocks.h) without torch and prints one
-// line per check, "name value", for op_tests/test_host_blocks.py to assert on.
+// Drives sage::HostBlockCache (csrc/binding/host_blocks.h) without torch and prints one
+// line per check, "name value", for op_tests/backends/test_host_blocks.py to assert on.
 #include <stdio.h>
 #include <string.h>
 
-#include "sage/host_blocks.h"
+#include "binding/host_blocks.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Host probe of csrc/include/sage/layout.h and quant.h for op_tests/test_layout.py.
+// Host probe of csrc/include/sage/layout.h and quant.h for op_tests/ops/test_layout.py.
 #include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/module_abi.h"

@@ -1,7 +1,7 @@
 // sage_e4m3_sat (the hardware converter, what prepare's v_quant uses on CUDA) against quant.h's
 // bit-level f32_to_e4m3_sat (the encoder the host tests hold to aiter_sage/ref.py), over all
 // 2^32 float bit patterns on the GPU. Prints "checked N mismatches M first 0x...": exit 0 when
-// M is 0. Built and run by op_tests/test_cuda.py (run only on an sm_90 GPU).
+// M is 0. Built and run by op_tests/backends/test_cuda.py (run only on an sm_90 GPU).
 #include <cstdint>
 #include <cstdio>
 

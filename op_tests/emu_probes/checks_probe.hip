@@ -1,5 +1,5 @@
-// Emulator probes for the checks: each kernel is run by op_tests/test_emu.py, which expects
-// exactly the named report (or none). All use two waves (64 threads) of one workgroup.
+// Emulator probes for the checks: each kernel is run by op_tests/backends/test_emu.py, which
+// expects exactly the named report (or none). All use two waves (64 threads) of one workgroup.
 #include "sage/platform.h"
 
 // Correct exchange through LDS: each thread writes its value, barrier, then reads the value

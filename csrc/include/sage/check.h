@@ -137,7 +137,7 @@ struct Features {
 constexpr Features kV1Features = {false, false, false, false, false, false, false};
 constexpr Features kAllFeatures = {true, true, true, true, true, true, true};
 // Every backend (cpu, gfx12 and its emulator, cuda) implements all of them today; a new one
-// starts from kV1Features (op_tests/test_layout.py checks the refusals).
+// starts from kV1Features (op_tests/ops/test_layout.py checks the refusals).
 
 inline bool check_features(const SageParams* p, Launch launch, Features f, const char* backend) {
   const char* what = launch == Launch::kPrepare ? "sage_prepare_launch" : "sage_attention_launch";

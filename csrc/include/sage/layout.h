@@ -1,5 +1,5 @@
 // aiter_sage: index math of the prepared tensors, in one place. Host- and device-usable;
-// tested on the host (op_tests/test_layout.py through a probe module, and by every backend's
+// tested on the host (op_tests/ops/test_layout.py through a probe module, and by every backend's
 // bit-exact prepare test). The layouts are upstream ROCm aiter's, with the head dim D
 // (SageParams::head_dim_pad: 64 or 128) and the head counts (heads_q for Q and the output,
 // heads_kv for K and V) as parameters.

@@ -78,7 +78,7 @@
 #include "sage/hiprtc_host.h"  // the kernel API as host declarations + module-API launches
 
 #elif defined(__CUDACC__)
-// NVIDIA (nvcc): the SIMT part of the kernel API only (what csrc/gfx12/prepare.hip uses, and the
+// NVIDIA (nvcc): the SIMT part of the kernel API only (what csrc/simt/prepare.hip uses, and the
 // cuda attention kernel's host side). A gfx12 wave of 32 lanes is a CUDA warp; LDS is shared
 // memory. The gfx12 WMMA/fp8-convert builtins have no CUDA form here (the sm_90a attention uses
 // wgmma directly, csrc/cuda/attention.cu): they are deleted, so a kernel that needs them fails

@@ -1,8 +1,9 @@
 // aiter_sage: hardware facts of gfx12 (RDNA4) wave32 WMMA 16x16x16, and nothing else — which
 // lane holds which element of each operand, the wave and LDS geometry. Kernel choices (tile
-// sizes, channel permutations, LDS layouts) live in sage/gfx12_fragments.h on top of these.
+// sizes, channel permutations, LDS layouts) live in gfx12/fragments.h on top of these.
 // Sources: csrc/gfx12/README.md, "gfx12 WMMA facts". Tested on the host by
-// op_tests/test_gfx12_layout.py and against the emulator's WMMA by op_tests/test_emu.py.
+// op_tests/backends/test_gfx12_layout.py and against the emulator's WMMA by
+// op_tests/backends/test_emu.py.
 //
 // h = lane / 16, r = lane % 16, element j = 0..7 of a lane's register vector (byte j of the
 // v2i32 for 8-bit operands, VGPR j of C/D):
@@ -15,8 +16,8 @@
 // tables: 8h + j, as for 8-bit; other RDNA4 ports: K interleaved in groups of 4 between the
 // half-waves). The kernels do not depend on it: a WMMA multiplies A's element j of half h
 // with B's element j of half h whenever both operands use the same map, so a contraction is
-// right for ANY map shared by A and B — op_tests/test_gfx12_layout.py proves the FP16 P·V for
-// both readings, and the emulator models the interleaved one (the less convenient case).
+// right for ANY map shared by A and B — op_tests/backends/test_gfx12_layout.py proves the FP16 P·V
+// for both readings, and the emulator models the interleaved one (the less convenient case).
 #pragma once
 #include "sage/platform.h"
 

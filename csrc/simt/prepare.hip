@@ -1,0 +1,660 @@
+// module_gfx1201_sage_prepare: BF16/FP16 Q/K/V (head dim D <= 128) -> the prepared tensors of
+// the op contract (Dp = 64 or 128 channels), bit-identical to aiter_sage/ref.py prepare().
+//
+// Three kernels per (Dp, input dtype), launched in this order on the stream:
+//   1. v_scale  one workgroup per (kv head, batch, key range): the per-channel |V| maximum
+//               of SAGE_V_AMAX_SPLITS key ranges -> v_amax_part (scratch), folded by kernel 3;
+//               with smooth_k, range 0's workgroup also takes the per-channel K mean over the
+//               whole sequence -> k_mean in the pinned order (32 row groups = the 32 partial
+//               sums). (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its 132
+//               SMs at B1 H24.)
+//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
+//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
+//               the sequence are written as zeros (outputs come from torch.empty). With
+//               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
+//               scaled query), the LSE term the smoothing takes out of the row's scores.
+//               Two builds: qk with the fused steps, and qk_plain without them for calls that
+//               ask for none (upstream's default), which then carry none of their registers.
+//   3. v_quant  one workgroup per (128-key tile, kv head, batch): folds the head's partial
+//               maxima into v_scale (tile 0 writes it out), then V / v_scale -> e4m3,
+//               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
+//               tile stores only the keys below S_pad (a multiple of 32). pv_dtype FP16 runs
+//               v_quant16 instead: the same with FP16 codes fp16(V / v_scale) (quant_v16).
+// V is read twice (amax, then quantize) — a two-pass V; both passes are memory bound and the
+// second is fully parallel. Every step is a single correctly rounded IEEE operation in
+// quant.h's order, so no FMA contraction is allowed in this file:
+#pragma clang fp contract(off)
+
+#include "sage/check.h"
+#include "simt/prepare_layout.h"
+#include "sage/layout.h"
+#include "sage/module_abi.h"
+#include "sage/params.h"
+#include "sage/platform.h"
+#include "sage/quant.h"
+
+namespace sage {
+namespace gfx12 {
+
+// Tile sizes of one kernel head dim Dp (SageParams::head_dim_pad: 64 or 128). The real head
+// dim D <= Dp is a runtime value: lanes whose 8-channel chunk lies at or past D load nothing
+// and hold zeros (input rows are D * 2 bytes).
+template <int kDp, int kInDtype>
+struct PrepTraits {
+  static constexpr int kHeadDim = kDp;
+  static constexpr int kDtype = kInDtype;    // SageDtype of q, k, v and the norm weights
+  static constexpr int kChunk = kPrepChunk;  // channels per lane = one 16-byte load
+  static constexpr int kLanesPerRow = kHeadDim / kChunk;                // 16 / 8
+  static constexpr int kNormRounds = kHeadDim / kNormChannelsPerRound;  // 4 / 2
+  // qk: 128 threads = 8 (16) rows per pass, 4 (2) passes cover one 32-row scale block.
+  static constexpr int kQkThreads = 128;
+  static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
+  static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
+  // NVIDIA only: 8 resident qk_plain blocks per SM (a 64-register cap; it needs 62). Measured
+  // when one build served every call: left free, ptxas took 127 registers, 4 blocks fit, and
+  // the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24 S16384); at 8 blocks twice the
+  // loads are in flight (210 us), 6 blocks gave 222 us.
+  static constexpr int kQkNvBlocks = 8;
+  // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
+  // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
+  // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
+  // spills; same bits).
+  static constexpr int kQkFusedNvBlocks = 6;
+  // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
+  // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
+  // thread = 64 (32) KiB per workgroup, each streaming one of SAGE_V_AMAX_SPLITS key ranges
+  // of a kv head (with one workgroup per head, 32 KiB in flight streamed 38 GB/s on an H200
+  // SM). (16 rows at Dp 64 cost gfx12 occupancy: 8 waves, not 10.)
+  static constexpr int kVsGroups = kMeanPartials;
+  static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
+  static constexpr int kVsRowsPerStep = kVsGroups;
+  static constexpr int kVsUnroll = 8;
+  // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
+  static constexpr int kVqThreads = 256;
+  static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
+  static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
+  static_assert(kHeadDim == SAGE_HEAD_DIM_SMALL || kHeadDim == SAGE_HEAD_DIM_LARGE, "");
+  static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
+  static_assert(kChunk == kNormLanes && kHeadDim % kNormChannelsPerRound == 0,
+                "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
+  static_assert(kVsThreads <= 512 && kWaveSize % kLanesPerRow == 0, "rows never straddle waves");
+  static_assert(kVqPasses >= 1 &&
+                    kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys,
+                "");
+  static_assert(kVtKeys % SAGE_SEQ_ALIGN == 0 && (kVtKeys / 16) * 16 == kVtKeys,
+                "v_quant stores 16-key pieces; the padded length ends on a piece boundary");
+};
+
+// 8 16-bit inputs (BF16 or FP16 per `dtype`, uniform) -> exact FP32.
+SAGE_DEVICE void unpack_halfx8(u32x4 u, int dtype, float* x) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+  if (dtype == SAGE_DTYPE_FP16) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = fp16_to_f32(uint16_t(w[i] & 0xffffu));
+      x[2 * i + 1] = fp16_to_f32(uint16_t(w[i] >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[2 * i] = bits_f32(w[i] << 16);
+      x[2 * i + 1] = bits_f32(w[i] & 0xffff0000u);
+    }
+  }
+}
+
+// 8 FP32 values (two 16-byte loads) at byte offset `off` of `base`.
+SAGE_DEVICE void unpack_f32x8(const float* base, int64_t off, float* x) {
+  const u32x4 a = sage_gload<u32x4>(base, off), b = sage_gload<u32x4>(base, off + 16);
+  const uint32_t w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = bits_f32(w[i]);
+}
+
+// ============================================================ Q/K rows: RMSNorm + RoPE =====
+// 1 / rms of a row whose Dp / 8 lanes (chunk c = lane % (Dp / 8)) hold channels 8c .. 8c+7, in
+// quant.h's pinned order (rms_sum_squares over D = head_dim channels): channel 8a + l + 32i is
+// element l of chunk a + 4i, so
+//   1. lanes c < 4 sum their element l with those of chunks c+4, c+8, ... in turn (xor 4, 8,
+//      12 reach exactly those lanes): accumulator a = c, lane l. The kernel always runs
+//      Dp / 32 rounds; the rounds at or past D / 32 add squares of channels >= D, which are
+//      +0 (nothing loaded), and acc + (+0) = acc exactly for the non-negative acc;
+//   2. lane 0 adds accumulators 1, 2, 3 in turn (xor 1, 2, 3), per element l;
+//   3. lane 0 sums its 8 elements in turn;
+//   4. a butterfly of additions in which only lane 0 contributes a non-zero value gives every
+//      lane of the row that exact total (x + 0 = x).
+// The other lanes compute values they then ignore; every lane takes part in each shuffle.
+template <class T>
+SAGE_DEVICE float row_rms_inv(const float* x, int chunk, float eps, int head_dim) {
+  float acc[kNormLanes];
+#pragma unroll
+  for (int l = 0; l < kNormLanes; ++l) {
+    const float sq = x[l] * x[l];
+    float a = sq;
+#pragma unroll
+    for (int i = 1; i < T::kNormRounds; ++i) a = a + sage_shfl_xor(sq, kNormAccs * i);
+    acc[l] = a;
+  }
+  float total = 0.0f;
+#pragma unroll
+  for (int l = 0; l < kNormLanes; ++l) {
+    float lane_sum = acc[l];
+#pragma unroll
+    for (int a = 1; a < kNormAccs; ++a) lane_sum = lane_sum + sage_shfl_xor(acc[l], a);
+    total = l == 0 ? lane_sum : total + lane_sum;
+  }
+  float v = chunk == 0 ? total : 0.0f;
+#pragma unroll
+  for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) v = v + sage_shfl_xor(v, n);
+  return rms_inv(v, eps, head_dim);
+}
+
+// The per-lane constants of the fused norm + RoPE of one input (Q or K).
+struct RowFn {
+  const uint16_t* src;  // row 0 of this (batch, head)
+  int64_t stride_s;     // elements
+  int c, pc;            // chunk, RoPE partner chunk
+  bool in_d;            // chunk c lies below the head dim (the lane loads)
+  bool norm, rope_lane;
+  float w[kPrepChunk], wp[kPrepChunk];  // norm weights of chunks c and pc
+};
+
+// kFused false: the plain path (no norm, no RoPE): f.norm and f.rope_lane are constant false,
+// so fetch_row and finish_row fold their fused branches away.
+template <class T, bool kFused = true>
+SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t stride_b,
+                              int64_t stride_s, int64_t stride_h, int b, int h,
+                              const void* norm_weight, int tid) {
+  RowFn f;
+  f.src = halves(base) + bshd_offset(stride_b, stride_s, stride_h, b, 0, h);
+  f.stride_s = stride_s;
+  f.c = prep_chunk(tid, T::kLanesPerRow);
+  f.in_d = T::kChunk * f.c < p.head_dim;
+  f.norm = kFused && norm_weight != nullptr;
+  f.rope_lane = kFused && p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
+  f.pc = f.rope_lane ? rope_partner_chunk(f.c, p.rope_dim) : f.c;
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) f.w[i] = f.wp[i] = 0.0f;
+  if (f.norm && f.in_d) {  // weights: in_dtype [D]
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.c), T::kDtype, f.w);
+    unpack_halfx8(sage_gload<u32x4>(norm_weight, 2 * T::kChunk * f.pc), T::kDtype, f.wp);
+  }
+  return f;
+}
+
+// The raw input of one lane's chunk of a row: chunk c and, on RoPE lanes, its partner chunk.
+struct RawRow {
+  u32x4 raw, partner;
+};
+
+// Loads row s's chunks for finish_row (zeros past the sequence and for channels >= D). Split
+// from finish_row so that a kernel can issue the loads of several rows before it waits for
+// the first (qk_body: one round trip to memory per 32-row block instead of one per row pass).
+template <class T>
+SAGE_DEVICE RawRow fetch_row(const RowFn& f, int s, bool in_seq) {
+  RawRow r{{0, 0, 0, 0}, {0, 0, 0, 0}};
+  if (in_seq && f.in_d) {
+    r.raw = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.c));
+    // The RoPE partner chunk belongs to another lane of this row; reloading it (a cache
+    // hit) is cheaper than a non-xor cross-lane move and keeps its rounding identical.
+    if (f.rope_lane)
+      r.partner = sage_gload<u32x4>(f.src, 2 * (int64_t(s) * f.stride_s + T::kChunk * f.pc));
+  }
+  return r;
+}
+
+// Channels 8c .. 8c+7 of row s (fetched by fetch_row) after the optional RMSNorm and RoPE,
+// each rounded to in_dtype as ref.py's qk_norm_rope does, as FP32; zeros for channels >= D and
+// for rows past the sequence (in_seq false; uniform over the row's lanes). Every lane of the
+// row must call it (the norm's shuffles stay within the row's lanes).
+template <class T>
+SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_seq,
+                            const RawRow& r, float* v) {
+  float vp[T::kChunk];
+  unpack_halfx8(r.raw, T::kDtype, v);
+  unpack_halfx8(r.partner, T::kDtype, vp);
+  // Every lane of the row takes part in the norm's butterfly (rows past len: zeros).
+  if (f.norm) {
+    const float inv = row_rms_inv<T>(v, f.c, p.norm_eps, p.head_dim);
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i) {
+      v[i] = rms_apply(v[i], inv, f.w[i], T::kDtype);
+      vp[i] = rms_apply(vp[i], inv, f.wp[i], T::kDtype);
+    }
+  }
+  if (f.rope_lane && in_seq) {
+    const int64_t cs = int64_t(s) * p.rope_stride_s + T::kChunk * f.c;
+    float cosv[T::kChunk], sinv[T::kChunk];
+    unpack_f32x8(p.rope_cos, 4 * cs, cosv);
+    unpack_f32x8(p.rope_sin, 4 * cs, sinv);
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+      v[i] = rope_apply(v[i], vp[i], T::kChunk * f.c + i, p.rope_dim, cosv[i], sinv[i], T::kDtype);
+  }
+  // Channels >= D are +0 whatever the norm made of them (0 * inf with eps = 0 is NaN).
+  if (!f.in_d) {
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i) v[i] = 0.0f;
+  }
+}
+
+// fetch_row then finish_row: one row, its loads waited for at once.
+template <class T>
+SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_seq, float* v) {
+  finish_row<T>(f, p, s, in_seq, fetch_row<T>(f, s, in_seq), v);
+}
+
+// ============================================================================ kernel 1 =====
+// One workgroup per (batch, key/value head): the per-channel amax of V -> v_scale, and with
+// smooth_k the per-channel mean of K (after norm/RoPE) -> k_mean. Thread group g = tid / (Dp/8)
+// (32 groups) streams rows g, g + 32, g + 64, ... in turn, so its running K sum per channel
+// is exactly partial g of quant.h's pinned order; the partials meet in LDS and one thread per
+// channel adds them in turn (k_mean_from_partials).
+template <class T>
+SAGE_DEVICE void v_scale_body(const SageParams& p) {
+  SAGE_LDS(float, part, T::kVsGroups* T::kHeadDim);  // 16 KiB (8 KiB for Dp 64)
+  const int tid = sage_thread_id();
+  const int hd = sage_block_id_x(), b = sage_block_id_y(), split = sage_block_id_z();
+  const int c = prep_chunk(tid, T::kLanesPerRow), grp = tid / T::kLanesPerRow;
+  const bool in_d = T::kChunk * c < p.head_dim;
+  const int64_t head = head_index(p.heads_kv, b, hd);
+  const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+
+  float amax[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
+  const int kv_len = entry_kv_len(p, b);  // the entry's real keys (uniform: one per workgroup)
+  constexpr int kRowsPerPass = T::kVsRowsPerStep * T::kVsUnroll;
+  const int split_keys = int(v_amax_split_keys(kv_len, kRowsPerPass));
+  const int s_begin = split * split_keys;
+  const int s_end = kv_len - s_begin < split_keys ? kv_len : s_begin + split_keys;
+  for (int s0 = s_begin + grp; s0 < s_end; s0 += kRowsPerPass) {
+    u32x4 raw[T::kVsUnroll];
+#pragma unroll
+    for (int u = 0; u < T::kVsUnroll; ++u) {  // issue all loads first
+      const int s = s0 + u * T::kVsRowsPerStep;
+      raw[u] = s < s_end && in_d
+                   ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
+                   : u32x4{0, 0, 0, 0};
+    }
+#pragma unroll
+    for (int u = 0; u < T::kVsUnroll; ++u) {
+      float x[T::kChunk];
+      unpack_halfx8(raw[u], T::kDtype, x);
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) amax[i] = nan_max(amax[i], sage_fabsf(x[i]));
+    }
+  }
+  // Every thread parks its 8 partial maxima in LDS (one row of partials per group), then one
+  // thread per channel folds the groups.
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), amax[i]);
+  sage_barrier();
+  if (tid < T::kHeadDim) {  // whole waves: LDS traffic stays wave-uniform
+    float m = 0.0f;
+    for (int g = 0; g < T::kVsGroups; ++g)
+      m = nan_max(m, sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid)));
+    sage_gstore<float>(p.v_amax_part, 4 * v_amax_part_offset(head, T::kHeadDim, split, tid), m);
+  }
+  if (!p.smooth_k || split != 0) return;  // uniform
+
+  // K mean. The loop bound is uniform, so every lane of a row takes part in the norm's
+  // shuffles; rows past kv_len add nothing.
+  const RowFn f =
+      make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd, p.k_norm_weight, tid);
+  float sum[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) sum[i] = 0.0f;
+  for (int s0 = 0; s0 < kv_len; s0 += T::kVsRowsPerStep) {
+    const int s = s0 + grp;
+    const bool in_seq = s < kv_len;
+    float x[T::kChunk];
+    load_row<T>(f, p, s, in_seq, x);
+    if (in_seq) {
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) sum[i] = sum[i] + x[i];
+    }
+  }
+  sage_barrier();  // the amax fold above has read `part`
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
+  sage_barrier();
+  if (tid < T::kHeadDim) {
+    float partials[kMeanPartials];
+#pragma unroll
+    for (int g = 0; g < kMeanPartials; ++g)
+      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
+    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
+                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
+  }
+}
+
+// ============================================================================ kernel 2 =====
+// One workgroup per 32-row scale block of Q or K. Grid (Sq_pad/32 + ceil((Skv_pad/32) / G), Hq,
+// B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
+// key/value head y / G are dealt round robin to the G query heads of its group (K block
+// (x - Sq_pad/32) * G + y % G; past the last block the workgroup exits at once).
+template <class T, bool kFused>
+SAGE_DEVICE void qk_body(const SageParams& p) {
+  SAGE_LDS(float, block_max, T::kQkThreads);
+  const int tid = sage_thread_id(), wave = sage_wave_id();
+  const int hq = sage_block_id_y(), b = sage_block_id_z();
+  const int q_blocks = int(scale_blocks(p.q_len_pad));
+  const bool is_q = sage_block_id_x() < q_blocks;
+  const int group = group_size(p);
+  const int blk = is_q ? sage_block_id_x() : (sage_block_id_x() - q_blocks) * group + hq % group;
+  if (!is_q && blk >= scale_blocks(p.kv_len_pad)) return;  // uniform over the workgroup
+  const int hd = is_q ? hq : hq / group;
+  const int heads = is_q ? p.heads_q : p.heads_kv;
+  const int64_t head = head_index(heads, b, hd);
+  const int len = is_q ? entry_q_len(p, b) : entry_kv_len(p, b);  // the entry's real rows
+  const int len_pad = is_q ? p.q_len_pad : p.kv_len_pad;
+  int8_t* const out8 = is_q ? p.q8 : p.k8;
+  float* const out_scale = is_q ? p.q_scale : p.k_scale;
+  const float factor = p.q_prescale;  // Q only
+  const RowFn f = is_q ? make_row_fn<T, kFused>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b,
+                                                hd, p.q_norm_weight, tid)
+                       : make_row_fn<T, kFused>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b,
+                                                hd, p.k_norm_weight, tid);
+  // Smoothing: `mean` is the K mean of the block's key/value head (kernel 1). K blocks
+  // subtract it (otherwise x - (+0) = x exactly); Q blocks write each row's LSE term
+  // lse_corr = Σ_c Q'[c]·mean[c] (a per-lane partial dot, then the row's butterfly).
+  const bool smooth = kFused && p.smooth_k;
+  const bool q_corr = is_q && smooth;  // uniform over the workgroup
+  float mean[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) mean[i] = 0.0f;
+  if (smooth)
+    unpack_f32x8(
+        p.k_mean,
+        4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
+        mean);
+
+  // The block row this lane works on in each pass.
+  const auto row_of = [&](int pass) {
+    return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+  };
+  // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i.
+  float x[T::kQkPasses][T::kChunk];
+  float amax = 0.0f;
+  RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
+#pragma unroll
+  for (int pass = 0; pass < T::kQkPasses; ++pass) {
+    const int s = row_of(pass);
+    raw[pass] = fetch_row<T>(f, s, s < len);
+  }
+#pragma unroll
+  for (int pass = 0; pass < T::kQkPasses; ++pass) {
+    const int s = row_of(pass);
+    const bool in_seq = s < len;  // uniform over the lanes of the row
+    float v[T::kChunk];
+    finish_row<T>(f, p, s, in_seq, raw[pass], v);
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i) {
+      x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
+      amax = nan_max(amax, sage_fabsf(x[pass][i]));
+    }
+  }
+  if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of(pass);
+      float corr = 0.0f;
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) corr = corr + x[pass][i] * mean[i];
+#pragma unroll
+      for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) corr = corr + sage_shfl_xor(corr, n);
+      if (f.c == 0)
+        sage_gstore<float>(p.lse_corr, 4 * lse_corr_offset(head, p.q_len_pad, s),
+                           s < len ? corr : 0.0f);
+    }
+  }
+  // Block amax: wave butterfly, then the 4 waves through LDS (every lane stores its copy, so
+  // the LDS traffic stays convergent and race free).
+#pragma unroll
+  for (int n = kWaveSize / 2; n >= 1; n /= 2) amax = nan_max(amax, sage_shfl_xor(amax, n));
+  sage_lds_store(block_max, 4 * tid, amax);
+  sage_barrier();
+#pragma unroll
+  for (int wv = 0; wv < T::kQkThreads / kWaveSize; ++wv)
+    if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
+  const float scale = int8_block_scale(amax);
+
+  const auto store_codes = [&](auto quant) {
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of(pass);
+      uint32_t word[2] = {0, 0};
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i)
+        word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], scale))) << (8 * (i % 4));
+      sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
+                         v2i32{int(word[0]), int(word[1])});
+    }
+  };
+  // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
+  // (quant_i8_normal); the branch is uniform over the workgroup.
+  if (int8_scale_is_normal(scale))
+    store_codes([](float v, float sc) { return quant_i8_normal(v, sc); });
+  else
+    store_codes([](float v, float sc) { return quant_i8(v, sc); });
+  if (tid == 0)
+    sage_gstore<float>(out_scale, 4 * qk_scale_offset(head, len_pad, blk * SAGE_SCALE_BLOCK),
+                       scale);
+}
+
+// ============================================================================ kernel 3 =====
+// One workgroup per (128-key tile, key/value head, batch). kV16 (pv_dtype FP16): FP16 codes
+// (quant_v16), 2 bytes per key, same tile and transpose; otherwise e4m3 codes (quant_v).
+template <class T, bool kV16>
+SAGE_DEVICE void v_quant_body(const SageParams& p) {
+  constexpr int kCodeBytes = kV16 ? 2 : 1;
+  // A thread's 4 keys of one channel: one 32-bit LDS word of e4m3 codes, two of FP16 codes.
+  constexpr int kWords = T::kVqKeysPerThread * kCodeBytes / 4;
+  SAGE_LDS(uint32_t, vt, T::kHeadDim* vt_row_bytes(kCodeBytes) / 4);
+  SAGE_LDS(float, channel_scale, T::kHeadDim);
+  const int tid = sage_thread_id();
+  const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
+  const int64_t head = head_index(p.heads_kv, b, hd);
+  const int c = prep_chunk(tid, T::kLanesPerRow), g = tid / T::kLanesPerRow;
+  const bool in_d = T::kChunk * c < p.head_dim;
+  const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
+  const int kv_len = entry_kv_len(p, b);  // keys past it are zero codes
+
+  // Every load of the thread first (4 keys x 8 channels per pass), so that they are all in
+  // flight at once: the encoding below branches per value, and loads placed between those
+  // branches went to memory one after another.
+  const auto key_of = [&](int pass, int k) {
+    return tile * kVtKeys + pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g + k;
+  };
+  u32x4 raw[T::kVqPasses][T::kVqKeysPerThread];
+#pragma unroll
+  for (int pass = 0; pass < T::kVqPasses; ++pass)
+#pragma unroll
+    for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+      const int s = key_of(pass, k);
+      raw[pass][k] = s < kv_len && in_d  // padded keys and channels stay +0
+                         ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
+                         : u32x4{0, 0, 0, 0};
+    }
+  // The head's channel scales while the loads are in flight: thread d folds channel d's
+  // partial maxima (the same maximum as one pass over the keys: nan_max is order-free).
+  if (tid < T::kHeadDim) {  // whole waves
+    float m = 0.0f;
+    for (int split = 0; split < SAGE_V_AMAX_SPLITS; ++split)
+      m = nan_max(m, sage_gload<float>(p.v_amax_part,
+                                       4 * v_amax_part_offset(head, T::kHeadDim, split, tid)));
+    const float s = v_channel_scale(m);
+    sage_lds_store(channel_scale, 4 * tid, s);
+    if (tile == 0) sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), s);
+  }
+  sage_barrier();
+  float scale[T::kChunk];  // channels >= D: amax 0, scale 0, so their codes are +0
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    scale[i] = sage_lds_load<float>(channel_scale, 4 * (T::kChunk * c + i));
+  // Quantize; each channel's 4 key codes are kWords LDS words.
+#pragma unroll
+  for (int pass = 0; pass < T::kVqPasses; ++pass) {
+    const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+    uint32_t word[T::kChunk][kWords];
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+#pragma unroll
+      for (int w = 0; w < kWords; ++w) word[i][w] = 0;
+#pragma unroll
+    for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+      if (key_of(pass, k) < kv_len && in_d) {
+        float x[T::kChunk];
+        unpack_halfx8(raw[pass][k], T::kDtype, x);
+        constexpr int kBits = 8 * kCodeBytes;
+#pragma unroll
+        for (int i = 0; i < T::kChunk; ++i) {
+          const uint32_t code =
+              kV16 ? uint32_t(quant_v16(x[i], scale[i])) : uint32_t(quant_v(x[i], scale[i]));
+          word[i][k * kBits / 32] |= code << (k * kBits % 32);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+#pragma unroll
+      for (int w = 0; w < kWords; ++w)
+        sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[i][w]);
+  }
+  sage_barrier();
+  // Write the transposed tile: Dp channel rows x 128 keys, 16 bytes (16 / kCodeBytes keys) per
+  // store. The padded length is a multiple of 32 keys, so a store is all in or all out.
+  constexpr int kKeysPerPiece = 16 / kCodeBytes;
+  constexpr int kPiecesPerRow = kVtKeys / kKeysPerPiece;
+  constexpr int kRowsPerStep = T::kVqThreads / kPiecesPerRow;
+  static_assert(SAGE_SEQ_ALIGN % kKeysPerPiece == 0, "stores end on the padded length");
+#pragma unroll
+  for (int step = 0; step < T::kHeadDim / kRowsPerStep; ++step) {
+    const int ch = tid / kPiecesPerRow + step * kRowsPerStep;
+    const int k0 = kKeysPerPiece * (tid % kPiecesPerRow);
+    if (int64_t(tile) * kVtKeys + k0 >= p.kv_len_pad) continue;  // past the padded length
+    const int at = vt_lds_offset(ch, k0, kCodeBytes);
+    const u32x4 out{sage_lds_load<uint32_t>(vt, at), sage_lds_load<uint32_t>(vt, at + 4),
+                    sage_lds_load<uint32_t>(vt, at + 8), sage_lds_load<uint32_t>(vt, at + 12)};
+    const int64_t dst =
+        v8_offset(head, T::kHeadDim, p.kv_len_pad, ch, int64_t(tile) * kVtKeys + k0);
+    if (kV16)
+      sage_gstore<u32x4>(p.v16, 2 * dst, out);
+    else
+      sage_gstore<u32x4>(p.v8, dst, out);
+  }
+}
+
+// The kernels of one (head dim, input dtype): extern "C" names (the hiprtc host and the
+// emulator find kernels by name), bodies shared through PrepTraits. Dp 128 with BF16 keeps the
+// original names. The dtype is a template argument: as a runtime value the compiler kept both
+// decodings live (twice the VGPRs).
+#define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                              \
+  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) {   \
+    v_scale_body<TRAITS>(p);                                                              \
+  }                                                                                       \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
+                        TRAITS::kQkFusedNvBlocks)(SageParams p) {                         \
+    qk_body<TRAITS, true>(p);                                                             \
+  }                                                                                       \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_plain##SUFFIX##kernel, TRAITS::kQkThreads,        \
+                        TRAITS::kQkNvBlocks)(SageParams p) {                              \
+    qk_body<TRAITS, false>(p);                                                            \
+  }                                                                                       \
+  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) {   \
+    v_quant_body<TRAITS, false>(p);                                                       \
+  }                                                                                       \
+  SAGE_KERNEL(sage_prepare_v_quant16##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
+    v_quant_body<TRAITS, true>(p);                                                        \
+  }
+
+using PrepBf16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_BF16>;
+using PrepBf16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_BF16>;
+using PrepFp16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_FP16>;
+using PrepFp16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_FP16>;
+SAGE_PREPARE_KERNELS(PrepBf16D128, _)
+SAGE_PREPARE_KERNELS(PrepBf16D64, _d64_)
+SAGE_PREPARE_KERNELS(PrepFp16D128, _f16_)
+SAGE_PREPARE_KERNELS(PrepFp16D64, _d64_f16_)
+#undef SAGE_PREPARE_KERNELS
+
+}  // namespace gfx12
+}  // namespace sage
+
+#if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
+// The backend this file is built for (csrc/cuda/prepare.cu builds it as CUDA).
+#ifndef SAGE_PREPARE_BACKEND
+#define SAGE_PREPARE_BACKEND "gfx12"
+#endif
+SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_prepare target=" SAGE_PREPARE_BACKEND)
+
+namespace {
+int check_launch(int rc, const char* kernel) {
+#if defined(SAGE_EMU)
+  (void)kernel;
+  return rc;  // the emulator already set a report summary
+#else
+  return rc ? sage::set_error("sage_prepare_launch: %s launch failed (%s error %d)", kernel,
+                              SAGE_PREPARE_BACKEND, rc)
+            : 0;
+#endif
+}
+
+// Which qk kernel: the fused one (RMSNorm, RoPE or K smoothing asked for) or the plain one
+// (upstream's default call). The plain kernel has none of the fused steps' code or registers:
+// the fused kernel's norm weights spill under the NVIDIA register cap, and its instruction
+// count per element was about 54 on an H200 (issue-bound at 210 us, B1 H24 S16384).
+bool fused_qk(const SageParams& p) {
+  return p.q_norm_weight || p.k_norm_weight || p.rope_cos || p.smooth_k;
+}
+
+// The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
+// k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
+// v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
+template <class T, class KVs, class KQk, class KVq>
+int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk qk_plain,
+                   KVq v_quant, KVq v_quant16) {
+  const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
+  if (!p.v_amax_part)
+    return sage::set_error("%s: null v_amax_part (the GPU prepare's scratch)",
+                           "sage_prepare_launch");
+  int rc = sage_launch(v_scale, sage_dim3{Hkv, B, SAGE_V_AMAX_SPLITS}, T::kVsThreads, stream, p);
+  if (rc) return check_launch(rc, "v_scale");
+  const int64_t group = sage::group_size(p);
+  const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);
+  const unsigned qk_blocks =
+      unsigned(sage::scale_blocks(p.q_len_pad) + (kv_blocks + group - 1) / group);
+  rc = sage_launch(fused_qk(p) ? qk : qk_plain, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream,
+                   p);
+  if (rc) return check_launch(rc, "qk");
+  const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
+  rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? v_quant16 : v_quant, sage_dim3{tiles, Hkv, B},
+                   T::kVqThreads, stream, p);
+  return rc ? check_launch(rc, "v_quant") : 0;
+}
+}  // namespace
+
+SAGE_EXPORT int sage_prepare_run(const SageParams* params, void* stream) {
+  namespace g = sage::gfx12;
+  if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures,
+                            SAGE_PREPARE_BACKEND))
+    return 1;
+  const SageParams& p = *params;
+  // The one place where the head dim and the input dtype become template arguments.
+  const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
+#define SAGE_LAUNCH_PREPARE(TRAITS, SUFFIX)                                                   \
+  launch_prepare<g::TRAITS>(                                                                  \
+      p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
+      g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,      \
+      g::sage_prepare_v_quant16##SUFFIX##kernel)
+  if (small && fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D64, _d64_f16_);
+  if (small) return SAGE_LAUNCH_PREPARE(PrepBf16D64, _d64_);
+  if (fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D128, _f16_);
+  return SAGE_LAUNCH_PREPARE(PrepBf16D128, _);
+#undef SAGE_LAUNCH_PREPARE
+}
+SAGE_DEFINE_CHECKED_LAUNCH(prepare, kPrepare)
+#endif  // SAGE_HOST_LAUNCH

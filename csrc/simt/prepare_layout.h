@@ -1,0 +1,45 @@
+// aiter_sage: lane bookkeeping of the SIMT prepare (csrc/simt/prepare.hip, built for gfx12, for
+// NVIDIA through csrc/cuda/prepare.cu and for the wave emulator): which lane holds which
+// channels of a row, and the LDS tile V is transposed through. Pure integer functions, usable
+// on host and device, unit-tested on the host by op_tests/backends/test_gfx12_layout.py. The
+// namespace is the one prepare.hip's kernels live in.
+#pragma once
+#include "sage/arch/gfx12_wmma.h"  // kWaveSize: 32 lanes, a gfx12 wave and a CUDA warp
+#include "sage/params.h"
+#include "sage/platform.h"
+
+namespace sage {
+namespace gfx12 {
+
+// ------------------------------------------------------------------ prepare: Q / K ------
+// A row of head_dim_pad Dp channels is held by Dp / 8 lanes (16 for Dp 128, 8 for Dp 64):
+// lane chunk c holds channels 8c .. 8c + 7 (one 16-byte load of 16-bit inputs), so the
+// RMSNorm partial sums of the pinned order (quant.h) are per lane and the cross-lane steps are
+// shfl_xor within the row's lanes. A 32-row block is handled by a 128-thread workgroup.
+constexpr int kPrepChunk = SAGE_HEAD_DIM_ALIGN;  // 8 channels per lane
+SAGE_HD constexpr int prep_lanes_per_row(int head_dim_pad) { return head_dim_pad / kPrepChunk; }
+SAGE_HD constexpr int prep_chunk(int tid, int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
+  return tid % lanes;
+}
+SAGE_HD constexpr int prep_row(int tid, int pass, int threads,
+                               int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
+  return tid / lanes + pass * (threads / lanes);
+}
+// RoPE partner chunk of chunk c (c < rope_dim / 8): channels c*8 +- rope_dim/2.
+SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
+  return c < rope_dim / 16 ? c + rope_dim / 16 : c - rope_dim / 16;
+}
+
+// ------------------------------------------------------------------ prepare: V --------
+// V is transposed through LDS: a [Dp channel][128 key] byte tile with rows padded by one
+// 4-byte word, so that the column writes (16 lanes = 16 channel rows 8 apart, 4 keys each)
+// and the 16-byte row reads spread over the banks.
+constexpr int kVtKeys = 128;
+// `code_bytes`: 1 (e4m3 codes) or 2 (pv_dtype FP16: FP16 codes, rows of 2 x 128 + 4 bytes).
+SAGE_HD constexpr int vt_row_bytes(int code_bytes) { return kVtKeys * code_bytes + 4; }
+SAGE_HD constexpr int vt_lds_offset(int channel, int key, int code_bytes = 1) {
+  return channel * vt_row_bytes(code_bytes) + key * code_bytes;
+}
+
+}  // namespace gfx12
+}  // namespace sage

@@ -1,0 +1,160 @@
+"""The README's main job, the benchmark, runs end to end with its default providers on the best
+backend present, and with every problem option; its accuracy columns hold the band. (Timings
+are the benchmark's business, not asserted here.)"""
+
+import csv
+import math
+import subprocess
+import sys
+
+import pytest
+
+import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
+from common import REPO, build_host_program, cpu_has_tier, run_as_script
+
+BENCH = REPO / "op_benchmarks" / "bench_gfx1201_sage_attention.py"
+TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "rows.csv"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *TINY, "--compare_to_ref", "-o", str(out), *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    with open(out) as f:
+        return list(csv.DictReader(f))
+
+
+def test_default_providers_run_and_are_in_band(tmp_path):
+    rows = _run(tmp_path, "-n", "2")
+    assert [r["provider"] for r in rows] == ["sage", "sage_core", "sdpa_bf16"]
+    assert all(r["in_band"] == "True" for r in rows), rows
+
+
+@pytest.mark.parametrize(
+    "options,expect",
+    [
+        (
+            ["-n", "4", "--gqa", "2", "--causal", "--dtype", "fp16", "--head_dim", "64"],
+            dict(H="4", gqa="2", causal="True", dtype="fp16", D="64"),
+        ),
+        (["-n", "1", "--head_dim", "72"], dict(D="72", causal="False", dtype="bf16")),
+        (["-n", "2", "--pv_dtype", "fp16"], dict(pv_dtype="fp16", dtype="bf16")),
+    ],
+)
+def test_problem_options_are_columns(tmp_path, options, expect):
+    rows = _run(tmp_path, *options)
+    assert rows and all(r["in_band"] == "True" for r in rows), rows
+    for r in rows:
+        assert {k: r[k] for k in expect} == expect, r
+    assert rows[-1]["provider"] == f"sdpa_{expect.get('dtype', 'bf16')}"
+
+
+def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):
+    """op_benchmarks/cpu/bench_cpu_phases.cpp (the cpu backend's prepare and attention timed
+    through their C ABI) builds against today's headers and runs on the JIT's cpu modules. Every
+    prepared and output byte (its hash) is the same at 1 and 2 threads on the modules' own pool
+    and through a caller's SageCpuExecutor (sage/module_abi.h) that runs the workers one after
+    another in reverse order, or on threads of its own: the work split and the threads change,
+    the arithmetic does not. The executors check that each launch calls every worker once; a
+    stream argument that is not an executor is refused with a clear error."""
+    from aiter_sage import jit_driver
+
+    exe = tmp_path / "bench_cpu_phases"
+    build_host_program(
+        exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_phases.cpp", "-ldl", "-pthread"
+    )
+    mods = [
+        str(jit_driver.ensure_module(m, "cpu"))
+        for m in ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
+    ]
+    sums, hashes = [], []
+    for threads, executor in (("1", "pool"), ("2", "pool"), ("3", "serial"), ("3", "threads")):
+        proc = subprocess.run(
+            [str(exe), *mods, "96", "2", threads, "2", executor],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = dict(x.split(" ", 1) for x in proc.stdout.splitlines() if " " in x)
+        assert "attention TFLOPS" in proc.stdout, proc.stdout
+        sums.append(float(out["checksum"]))
+        hashes.append(out["hash"])
+        if executor != "pool":  # 3 calls of 2 prepare phases and an attention
+            assert out["executor"] == "launches 9", proc.stdout
+    # equal, finite and not the checksum of an all-zero output
+    assert len(set(hashes)) == 1 and len(set(sums)) == 1, (hashes, sums)
+    assert math.isfinite(sums[0]) and sums[0] != 0.0, sums
+    # a stream argument that is not an executor is refused with a message, never followed
+    bad = subprocess.run(
+        [str(exe), *mods, "96", "2", "2", "1", "bad"], capture_output=True, text=True, timeout=300
+    )
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "the stream argument is not a SageCpuExecutor" in bad.stderr, bad.stderr
+
+
+def test_cpu_ceiling_harness_runs_each_kind_exactly_where_the_backend_runs_its_tier(tmp_path):
+    """op_benchmarks/cpu/bench_cpu_ceiling.cpp (the arithmetic units' thread-scaling ceiling)
+    runs a kind exactly on the machines where the cpu backend runs the tier of that name,
+    reporting a positive aggregate rate that is the per-thread rate times the thread count;
+    elsewhere it exits 1 naming what the CPU lacks (never a SIGILL)."""
+    exe = tmp_path / "bench_cpu_ceiling"
+    build_host_program(exe, REPO / "op_benchmarks" / "cpu" / "bench_cpu_ceiling.cpp", "-pthread")
+    for kind in ("amx", "avx512", "avx2"):
+        proc = subprocess.run(
+            [str(exe), kind, "1", "2"], capture_output=True, text=True, timeout=300
+        )
+        if not cpu_has_tier(kind):
+            assert proc.returncode == 1 and "lacks" in proc.stderr, (kind, proc)
+            continue
+        assert proc.returncode == 0, (kind, proc.stdout + proc.stderr)
+        lines = [x.split() for x in proc.stdout.splitlines()]
+        assert [x[1] for x in lines] == ["threads=1", "threads=2"], proc.stdout
+        for x in lines:
+            threads, total, each = int(x[1].split("=")[1]), float(x[3]), float(x[6])
+            assert total > 0 and math.isfinite(total), proc.stdout
+            assert abs(total - threads * each) <= 1e-3 * total + 2e-3, proc.stdout
+    bad = subprocess.run([str(exe), "sse9", "1"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown kind" in bad.stderr
+
+
+if __name__ == "__main__":
+    run_as_script(__file__)
+
+
+def test_accuracy_floor_exact_pass_equals_reference_model():
+    """accuracy_floor.py's float64 pass over the prepared tensors is ref.py's quantized
+    attention (the float32 model) up to arithmetic, on the model's 32-key tiles; both sit at the
+    format's error against FP32 attention; and the script's table runs."""
+    import torch
+
+    from aiter_sage import ref
+
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import accuracy_floor
+
+    s = 320
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, s, 2, 128, generator=g).to(torch.bfloat16) for _ in range(3))
+    p = ref.prepare(q, k, v)
+    exact = accuracy_floor.exact_from_prepared(p, s, kv_tile=ref.KERNEL_KV_TILE)
+    model = ref.attention_from_prepared(p, s, s).double()
+    want = ref.attention_fp32(q, k, v).double()
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    assert rel(exact, model) < 2e-3, rel(exact, model)  # a few e4m3 ties, BF16 output
+    assert 0.02 < rel(exact, want) < 0.06 and 0.02 < rel(model, want) < 0.06
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "op_benchmarks" / "accuracy_floor.py"), "-s", "96"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "| 96 | 8 |" in proc.stdout, proc.stdout + proc.stderr

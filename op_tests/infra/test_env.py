@@ -1,0 +1,102 @@
+"""The environment variables are declared once (aiter_sage/env.py) and the code and docs agree.
+
+The code is searched as text: every ``AITER_SAGE_*`` name in a Python, C++ or shell file of
+the product must be declared, every declared variable must be read by the files it names, and
+the README's table must be the table env.py prints. The docs may name declared variables only.
+"""
+
+import re
+
+from aiter_sage import env
+
+import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
+from common import REPO, run_as_script
+
+# Where the product's code lives, and which files in it are code.
+CODE_ROOTS = ("aiter_sage", "jit", "csrc", "op_benchmarks", "setup.py", ".ci")
+CODE_SUFFIXES = {".py", ".h", ".cpp", ".hip", ".cu", ".inc", ".sh", ""}  # "": .ci/install, run
+DOC_FILES = ("README.md", "CONTRIBUTING.md")
+DOC_ROOTS = ("docs", "csrc")
+NAME = re.compile(r"\b" + env.PREFIX + r"[A-Z0-9_]*[A-Z0-9]\b")
+ENV_FILE = REPO / "aiter_sage" / "env.py"
+
+
+def _files(roots, keep):
+    for root in roots:
+        path = REPO / root
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        yield from (p for p in found if keep(p) and p != ENV_FILE and "__pycache__" not in p.parts)
+
+
+def _names_in(paths) -> dict[str, list[str]]:
+    seen: dict[str, list[str]] = {}
+    for p in paths:
+        for name in set(NAME.findall(p.read_text(errors="replace"))):
+            seen.setdefault(name, []).append(str(p.relative_to(REPO)))
+    return seen
+
+
+def _code_files():
+    return _files(CODE_ROOTS, lambda p: p.suffix in CODE_SUFFIXES)
+
+
+def test_every_name_in_the_code_is_declared():
+    used = _names_in(_code_files())
+    undeclared = {n: files for n, files in used.items() if n not in env.BY_NAME}
+    assert not undeclared, f"declare these in aiter_sage/env.py: {undeclared}"
+
+
+def test_every_declared_prefixed_name_is_used():
+    used = _names_in(_code_files())
+    declared = {n for n in env.BY_NAME if n.startswith(env.PREFIX)}
+    assert declared <= set(used), sorted(declared - set(used))
+
+
+def test_declarations_are_complete_and_unique():
+    assert len(env.BY_NAME) == len(env.VARIABLES)
+    for v in env.VARIABLES:
+        assert v.default and v.doc and v.readers, v
+        assert "|" not in v.default + v.doc, f"{v.name}: '|' would split its table row"
+
+
+def test_each_reader_reads_its_variable():
+    for v in env.VARIABLES:
+        for reader in v.readers:
+            path = REPO / reader
+            assert path.is_file(), (v.name, reader)
+            assert re.search(rf"\b{v.name}\b", path.read_text()), f"{reader} never names {v.name}"
+
+
+def _readme_table() -> str:
+    text = (REPO / "README.md").read_text()
+    header = env.markdown_table().splitlines()[0]
+    assert header in text, "README.md has no environment table"
+    rows = text[text.index(header) :].splitlines()
+    return "\n".join(r for r in _leading_table(rows))
+
+
+def _leading_table(lines):
+    for line in lines:
+        if not line.startswith("|"):
+            return
+        yield line
+
+
+def test_readme_table_is_the_declared_table():
+    readme = _readme_table()
+    listed = re.findall(r"^\| `([A-Z0-9_]+)` \|", readme, flags=re.M)
+    assert set(listed) == set(env.BY_NAME), (
+        sorted(set(env.BY_NAME) - set(listed)),
+        sorted(set(listed) - set(env.BY_NAME)),
+    )
+    assert readme == env.markdown_table(), "regenerate it: python3 -m aiter_sage.env"
+
+
+def test_docs_name_declared_variables_only():
+    docs = [REPO / f for f in DOC_FILES] + list(_files(DOC_ROOTS, lambda p: p.suffix == ".md"))
+    unknown = {n: f for n, f in _names_in(docs).items() if n not in env.BY_NAME}
+    assert not unknown, unknown
+
+
+if __name__ == "__main__":
+    run_as_script(__file__)
