@@ -12,31 +12,17 @@ from aiter_sage.integrations import diffusers as aiter_diffusers
 from aiter_sage.integrations import router
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import run_as_script
+from common import count_router_calls, run_as_script
 
 
 @pytest.fixture
 def routes(monkeypatch):
-    """(kernel calls, SDPA fallbacks with their reasons) of the router."""
-    kernel, fallback = [], []
-    real_kernel, real_log = router.kernel_attention, router._log_fallback
-
-    def counting(*a, **kw):
-        kernel.append(1)
-        return real_kernel(*a, **kw)
-
-    def logging(where, reason):
-        fallback.append((where, reason))
-        return real_log(where, reason)
-
-    monkeypatch.setattr(router, "kernel_attention", counting)
-    monkeypatch.setattr(router, "_log_fallback", logging)
-    return kernel, fallback
+    """The router's kernel calls and SDPA fallback reasons."""
+    return count_router_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("name", sorted(mm.MODELS))
 def test_padded_prompts_run_on_the_kernels(name, routes):
-    kernel, fallback = routes
     model, inputs = mm.MODELS[name]()
     assert not bool(
         inputs.get("encoder_attention_mask", inputs.get("encoder_hidden_states_mask")).all()
@@ -44,31 +30,29 @@ def test_padded_prompts_run_on_the_kernels(name, routes):
     model.set_attention_backend("native")
     with torch.no_grad():
         native = model(**inputs)[0]
-    assert not kernel
+    assert not routes["kernel"]
     handle = aiter_diffusers.enable(model)
     try:
         with torch.no_grad():
             ours = model(**inputs)[0]
     finally:
         handle.remove()
-    assert kernel and not fallback, fallback
+    assert routes["kernel"] and not routes["fallback"], routes["fallback"]
     acc = ref.accuracy(ours.float(), native.float())
     assert not ref.band_failures(acc), (ref.band_failures(acc), acc)
     assert acc["cosine"] >= 0.99, acc
 
 
 def test_enable_removes_cleanly(routes):
-    kernel, _ = routes
     model, inputs = mm.MODELS["qwen_image"]()
     aiter_diffusers.enable(model).remove()
     with torch.no_grad():
         model(**inputs)
-    assert not kernel  # the default backend again, and no route_sdpa left behind
+    assert not routes["kernel"]  # the default backend again, and no route_sdpa left behind
     assert torch.nn.functional.scaled_dot_product_attention is not router.sdpa
 
 
 def test_enable_takes_a_pipeline_like_object(routes):
-    kernel, _ = routes
     model, inputs = mm.MODELS["ltx"]()
 
     class Pipe:
@@ -80,7 +64,7 @@ def test_enable_takes_a_pipeline_like_object(routes):
             model(**inputs)
     finally:
         handle.remove()
-    assert kernel
+    assert routes["kernel"]
     with pytest.raises(TypeError, match="pipeline or a torch.nn.Module"):
         aiter_diffusers.enable(object())
 

@@ -408,25 +408,31 @@ def test_backend_from_environment(monkeypatch):
     aiter_sage.gfx1201_sage_attention(q, k, v, backend="cpu")  # the argument wins
 
 
-def test_namespace_conflict_names_the_owner(tmp_path):
-    """Another library owning torch.ops.aiter.gfx1201_sage_attention: a clear error, no crash."""
-    script = (
-        "import torch\n"
-        "lib = torch.library.Library('aiter', 'FRAGMENT')\n"
-        "lib.define('gfx1201_sage_attention(Tensor q) -> Tensor')\n"
-        "try:\n"
-        "    import aiter_sage\n"
-        "except Exception as e:\n"
+def _import_after(prelude: str) -> str:
+    """stdout of a child that runs `prelude`, then `import aiter_sage` (printing "CONFLICT",
+    the exception's class and message if the import raises)."""
+    script = prelude + (
+        "try:\n    import aiter_sage\nexcept Exception as e:\n"
         "    print('CONFLICT', type(e).__name__, e)\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+
+def test_namespace_conflict_names_the_owner(tmp_path):
+    """Another library owning torch.ops.aiter.gfx1201_sage_attention: a clear error, no crash."""
+    out = _import_after(
+        "import torch\n"
+        "lib = torch.library.Library('aiter', 'FRAGMENT')\n"
+        "lib.define('gfx1201_sage_attention(Tensor q) -> Tensor')\n"
+    )
     assert (
         "CONFLICT OpNamespaceConflict aiter_sage: torch.ops.aiter.gfx1201_sage_attention is "
-        "already registered by <string>:2" in r.stdout
-    ), r.stdout  # where that Library was made
+        "already registered by <string>:2" in out
+    ), out  # where that Library was made
 
 
 @pytest.mark.parametrize(
@@ -447,22 +453,11 @@ def test_namespace_conflict_tells_a_second_aiter_sage_from_rocm_aiter(tmp_path, 
     if "aiter_sage" in home:
         body = f"{aiter_sage.ops._OWNER_MARK}\n    pass\n" + body
     path.write_text("import torch\n" + body)
-    script = (
-        "import runpy, sys\n"
-        f"keep = runpy.run_path({str(path)!r})\n"
-        "try:\n"
-        "    import aiter_sage\n"
-        "except Exception as e:\n"
-        "    print('CONFLICT', type(e).__name__, e)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=600
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "CONFLICT OpNamespaceConflict" in r.stdout, r.stdout
-    assert f"already registered by {says}" in r.stdout and str(path) in r.stdout, r.stdout
+    out = _import_after(f"import runpy\nkeep = runpy.run_path({str(path)!r})\n")
+    assert "CONFLICT OpNamespaceConflict" in out, out
+    assert f"already registered by {says}" in out and str(path) in out, out
     wrong = "ROCm's aiter" if "aiter_sage" in home else "copy of aiter_sage"
-    assert wrong not in r.stdout, r.stdout
+    assert wrong not in out, out
 
 
 # ---- meta and mixed devices: the fakes apply the real rules --------------------------------
