@@ -14,13 +14,12 @@ string.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from . import jit_driver
+from . import env, jit_driver
 
 ENV_BACKEND = "AITER_SAGE_BACKEND"
 
@@ -33,7 +32,7 @@ def _rocm_arch(device: torch.device) -> Optional[str]:
 
 def _emu_target(device: torch.device) -> str:
     # AITER_SAGE_EMU_ASAN=1: the AddressSanitizer build of the emulator (needs asan_env()).
-    return "emu-asan" if os.environ.get("AITER_SAGE_EMU_ASAN") == "1" else "emu"
+    return "emu-asan" if env.get("AITER_SAGE_EMU_ASAN") == "1" else "emu"
 
 
 def _gfx12_target(device: torch.device) -> str:
@@ -116,7 +115,7 @@ BY_NAME: dict[str, Backend] = {b.name: b for b in BACKENDS}
 def requested(backend: Optional[str]) -> str:
     """The backend a call asks for: its argument, else $AITER_SAGE_BACKEND, else '' (automatic).
     An unknown name is a ValueError."""
-    name = (backend or os.environ.get(ENV_BACKEND, "")).strip().lower()
+    name = (backend or env.get(ENV_BACKEND)).strip().lower()
     if name and name not in BY_NAME:
         raise ValueError(f"aiter_sage: unknown backend {name!r}; choose one of {NAMES}")
     return name
@@ -189,7 +188,7 @@ def resolve(device, backend: Optional[str] = None) -> Resolved:
     """The record for tensors on `device` and a call's `backend` argument (None or '': the
     environment's, else the table's automatic choice). Unknown names and backends that cannot
     serve the device raise ValueError (see :func:`select`)."""
-    raw = (str(device), backend or os.environ.get(ENV_BACKEND, ""))
+    raw = (str(device), backend or env.get(ENV_BACKEND))
     found = _by_request.get(raw)
     if found is None:
         found = _by_request.setdefault(raw, _resolve(device, requested(raw[1])))

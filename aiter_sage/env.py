@@ -1,10 +1,14 @@
 """Every environment variable aiter_sage reads, declared once.
 
 Each entry names the variable, what unset means, one line on what it does and the files that
-read it. The read sites still call ``os.environ`` / ``getenv`` themselves (the C++ modules
-cannot import Python, and the Python ones move to this table later); ``op_tests/infra/test_env.py``
-holds them to it: every ``AITER_SAGE_*`` name in the code is declared here, every declared name
-is read by the files listed, and the README's table is this table.
+read it. Python reads every ``AITER_SAGE_*`` variable through :func:`get`, at call time (no
+value is kept from import time: a variable set later in the process counts). The C++ modules
+cannot import Python, so they read theirs where they are (``getenv`` in
+``csrc/cpu/cpu_runtime.cpp``, ``csrc/emu/runtime.cpp``, ``csrc/binding/host_blocks.h``, the
+cpu benchmark probe); they are declared here all the same, with those files as readers.
+``op_tests/infra/test_env.py`` holds the code to it: every ``AITER_SAGE_*`` name in the code is
+declared here, every declared name is read by the files listed, no Python file reads one
+except through :func:`get`, and the README's table is this table.
 
     python3 -m aiter_sage.env     # prints the README's table
 
@@ -13,6 +17,7 @@ This file imports nothing from the package, so reading it builds nothing.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
@@ -227,6 +232,14 @@ VARIABLES: tuple[EnvVar, ...] = (
 )
 
 BY_NAME: dict[str, EnvVar] = {v.name: v for v in VARIABLES}
+
+
+def get(name: str, default: str = "") -> str:
+    """The value of the declared variable `name` now, or `default` when it is unset. An
+    undeclared name is a KeyError: declare it in VARIABLES first."""
+    if name not in BY_NAME:
+        raise KeyError(f"aiter_sage: {name} is not declared in aiter_sage/env.py")
+    return os.environ.get(name, default)
 
 
 def markdown_table() -> str:

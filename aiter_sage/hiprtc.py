@@ -31,6 +31,11 @@ import os
 import sys
 from pathlib import Path
 
+if __package__:
+    from . import env
+else:  # run by path (ninja's compile step): sys.path[0] is this folder
+    import env
+
 # hiprtcResult values this module names (hip/hiprtc.h).
 HIPRTC_SUCCESS = 0
 HIPRTC_ERROR_COMPILATION = 6
@@ -83,9 +88,9 @@ def library_candidates() -> list[str]:
     HIP <= 5.2 carried hiprtc inside libamdhip64; that one compiles for the current device
     only (it ignores --offload-arch and aborts without a GPU), so it is not a candidate."""
     found: list[str] = []
-    env = os.environ.get("AITER_SAGE_HIPRTC_LIB")
-    if env:
-        found.append(env)
+    chosen = env.get("AITER_SAGE_HIPRTC_LIB")
+    if chosen:
+        found.append(chosen)
     found += _rocm_sdk_libraries()
     found += sorted(glob.glob(os.path.join(_rocm_path(), "lib", "libhiprtc.so*")))
     found += ["libhiprtc.so", "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so.5"]

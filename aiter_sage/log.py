@@ -5,7 +5,8 @@ package (the build driver uses it when setup.py loads it without the package).""
 from __future__ import annotations
 
 import logging
-import os
+
+from . import env
 
 logger = logging.getLogger("aiter_sage")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -21,7 +22,7 @@ def _configure_logger() -> None:
     handler.setFormatter(logging.Formatter("[aiter_sage] %(message)s"))
     logger.addHandler(handler)
     logger.propagate = False
-    raw = os.environ.get("AITER_SAGE_LOG_LEVEL", "INFO")
+    raw = env.get("AITER_SAGE_LOG_LEVEL", "INFO")
     level = raw.strip().upper()
     logger.setLevel(level if level in LOG_LEVELS else "INFO")
     if level not in LOG_LEVELS:

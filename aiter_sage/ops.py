@@ -17,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import backends, guards, jit_driver, ref, signatures
+from . import backends, env, guards, jit_driver, ref, signatures
 from .ref import Prepared
 from .signatures import OPS, RETURN_LSE
 
@@ -321,7 +321,7 @@ SageCheckWarning = guards.SageCheckWarning
 
 
 def check_enabled() -> bool:
-    return os.environ.get(ENV_CHECK, "") not in ("", "0")
+    return env.get(ENV_CHECK) not in ("", "0")
 
 
 def _name_rows(mask, what: str, op: str) -> None:
@@ -526,5 +526,5 @@ def available_backends() -> list[str]:
     return backends.available()
 
 
-if os.environ.get("AITER_SAGE_LAZY_REGISTER") != "1":
+if env.get("AITER_SAGE_LAZY_REGISTER") != "1":
     _register()

@@ -115,22 +115,22 @@ from typing import NamedTuple
 
 import torch
 
+from .contract import (  # noqa: F401  (re-exported: ref.SEQ_ALIGN, ...)
+    EXP_OFFSET,
+    FP8_MAX,
+    HEAD_DIM_ALIGN,
+    INT8_MAX,
+    LN2,
+    LOG2E,
+    SCALE_BLOCK,
+    SEQ_ALIGN,
+)
+
 HEAD_DIM = 128  # upstream's head dim, and the largest the kernels take
 HEAD_DIMS = (64, 128)  # kernel head dims; other D <= 128 are zero-padded to the next one
-HEAD_DIM_ALIGN = 8
 NORM_CHANNELS_PER_ROUND = 32
 MEAN_PARTIALS = 32
-LN2 = 0.6931471805599453
-SCALE_BLOCK = 32
-SEQ_ALIGN = 32
-INT8_MAX = 127.0
-FP8_MAX = 448.0
-LOG2E = 1.4426950408889634  # double; the Q factor is rounded once after the product
 ROPE_DIMS = (32, 64, 96, 128)
-# The exponent offset that folds the e4m3 scale into exp2 (csrc/gfx12/attention.hip,
-# kExpOffset): the float32 4 ulps below log2(448), so 2^EXP_OFFSET = 447.9985 and even a
-# 1-ulp-accurate exp2 of any argument <= EXP_OFFSET stays below 448.
-EXP_OFFSET = 8.807350158691406
 # The attention kernels' KV tile (gfx12: one K scale block): the model at this tile is the
 # kernels' own arithmetic up to exp2's last bit.
 KERNEL_KV_TILE = 32

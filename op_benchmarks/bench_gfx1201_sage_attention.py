@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import aiter_sage  # noqa: E402
-from aiter_sage import backends, ref  # noqa: E402
+from aiter_sage import backends, env, ref  # noqa: E402
 
 PROVIDERS = (
     "sage",
@@ -242,7 +241,7 @@ def run(args):
     print(
         f"# aiter_sage benchmark: backend={backend} device={device} "
         f"threads={torch.get_num_threads()} torch={torch.__version__} cpu={cpu_name()} "
-        f"cpu_tier={os.environ.get('AITER_SAGE_CPU_ISA', 'auto')}"
+        f"cpu_tier={env.get('AITER_SAGE_CPU_ISA', 'auto')}"
     )
     sdpa_name = f"sdpa_{args.dtype}"
     if device != "cpu":

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import env
 from ..log import logger
 from .errors import CacheDirError, LockTimeout
 from .paths import _spec_flags, _src_root, abi_version, csrc_dir
@@ -184,7 +185,7 @@ _LOCK_POLL_S = 0.1
 
 def _lock_timeout() -> float | None:
     """AITER_SAGE_LOCK_TIMEOUT in seconds; unset or empty: wait for ever (with messages)."""
-    text = os.environ.get("AITER_SAGE_LOCK_TIMEOUT", "").strip()
+    text = env.get("AITER_SAGE_LOCK_TIMEOUT", "").strip()
     if not text:
         return None
     try:

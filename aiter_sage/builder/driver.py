@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import env
 from ..log import logger
 from . import ninja, paths, toolchains
 from .cache import (
@@ -115,7 +116,7 @@ def _check_loadable(so: Path, entry: str) -> str | None:
 def ensure_module(module, target: str) -> Path:
     """Path of a loadable build of `module` (a name or ModuleSpec) for `target`, built if needed."""
     spec = _spec(module)
-    if os.environ.get("AITER_SAGE_IGNORE_PREBUILT") != "1":
+    if env.get("AITER_SAGE_IGNORE_PREBUILT") != "1":
         pre = _prebuilt(spec, target)
         if pre is not None and _check_loadable(pre, spec.entry) is None:
             return pre

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import env
 from .errors import BuildError, CompilerNotFound
 from .paths import _spec_flags, _src_root, _which
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _ninja() -> str:
-    exe = _which(os.environ.get("AITER_SAGE_NINJA", ""), "ninja")
+    exe = _which(env.get("AITER_SAGE_NINJA", ""), "ninja")
     if exe:
         return exe
     try:

@@ -13,6 +13,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from .. import env
+
 PKG_DIR = Path(__file__).resolve().parents[1]  # the aiter_sage package
 
 
@@ -59,9 +61,9 @@ def abi_version() -> int:
 
 
 def cache_root() -> Path:
-    env = os.environ.get("AITER_SAGE_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
+    chosen = env.get("AITER_SAGE_CACHE_DIR")
+    if chosen:
+        return Path(chosen).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "aiter_sage"
 

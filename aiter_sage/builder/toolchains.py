@@ -13,6 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import env
 from .errors import CompilerNotFound
 from .ninja import ninja_command_words, ninja_path
 from .paths import PKG_DIR, _rocm_path, _spec_flags, _src_root, _which, cache_root, csrc_dir
@@ -114,9 +115,7 @@ def _hipcc_toolchain(arch: str) -> Toolchain | None:
 def _clang_hip_toolchain(arch: str) -> Toolchain | None:
     """Plain LLVM with Debian's HIP headers/runtime: no gfx12 device libraries exist there, so
     -nogpulib; the kernels use only builtins through csrc/include/sage/platform.h."""
-    clang = _which(
-        os.environ.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20", "clang++-18"
-    )
+    clang = _which(env.get("AITER_SAGE_HIP_CLANG", ""), "clang++-19", "clang++-20", "clang++-18")
     if not clang or not _which("ld.lld-19", "ld.lld-20", "ld.lld-18", "ld.lld"):
         return None
     common = ("-O3", "-std=c++17", "-fPIC", f"--offload-arch={arch}") + _include_flags()
@@ -125,7 +124,7 @@ def _clang_hip_toolchain(arch: str) -> Toolchain | None:
 
 def _hip_toolchain(arch: str) -> Toolchain:
     """hipcc, else clang++ --offload-arch, else hiprtc; AITER_SAGE_HIP_TOOLCHAIN forces one."""
-    forced = os.environ.get("AITER_SAGE_HIP_TOOLCHAIN", "").strip().lower()
+    forced = env.get("AITER_SAGE_HIP_TOOLCHAIN", "").strip().lower()
     if forced and forced not in HIP_TOOLCHAINS:
         raise ValueError(
             f"aiter_sage: AITER_SAGE_HIP_TOOLCHAIN={forced!r} is not one of "
@@ -156,7 +155,7 @@ def _emu_toolchain(sanitize: bool) -> Toolchain:
     -Wno-psabi: v8i32 passed by value is the same in every TU of a module. With ASan the
     loading process needs the sanitizer runtime preloaded (aiter_sage.emu.asan_env)."""
     clang = _which(
-        os.environ.get("AITER_SAGE_EMU_CXX", ""),
+        env.get("AITER_SAGE_EMU_CXX", ""),
         "clang++-19",
         "clang++-20",
         "clang++-18",

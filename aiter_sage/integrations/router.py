@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import threading
 from typing import Optional
@@ -29,7 +28,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import backends, guards, jit_driver, masks, ops, ref
+from .. import backends, env, guards, jit_driver, masks, ops, ref
 from ..log import logger
 
 _SAGE_DTYPES = (torch.bfloat16, torch.float16)
@@ -96,7 +95,7 @@ def _assume_constant_result(fn):
 def _device_unsupported(device_type: str, index: int, backend: str) -> str:
     """'' when a backend serves tensors on this device, else why not (cached per device,
     requested backend and $AITER_SAGE_BACKEND)."""
-    key = (device_type, index, backend, os.environ.get(backends.ENV_BACKEND, ""))
+    key = (device_type, index, backend, env.get(backends.ENV_BACKEND))
     if key not in _device_cache:
         _device_cache[key] = _device_unsupported_uncached(device_type, index, backend)
     return _device_cache[key]

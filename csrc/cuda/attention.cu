@@ -89,8 +89,6 @@ constexpr int kWgThreads = 128;
 // the consumer warpgroups share the rest (Traits::kConsumerRegs).
 constexpr int kProducerRegs = 24;
 constexpr int kRegisterFile = 65536;
-constexpr float kExpOffset = 8.807350158691406f;  // ref.EXP_OFFSET
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kSwizzleBytes = 128;  // row bytes of the widest swizzle (one swizzle atom's row)
 
 // Consumer warpgroups per CTA: 2 (128 query rows), or 3 (192 rows) for the FP8 kernel at Dp

@@ -132,7 +132,7 @@ struct AttnTraits {
 //    its result is <= 447.99852 + 2^-15 < 448 whatever its rounding: P·448 never exceeds the
 //    e4m3 maximum, with 47 ulps to spare. NaN scores stay NaN (nothing clamps them).
 //  * The factor 2^kExpOffset / 448 = 1 - 3.3e-6 scales P8 and l alike and cancels in acc / l.
-constexpr float kExpOffset = 8.807350158691406f;
+// kExpOffset itself: sage/constants.h.
 // The Sᵀ accumulators start at the bits of 1.5·2^23 (kScoreBiasBits): since |dot| <= 128·128·128
 // = 2^21 < 2^22, the int32 sum kScoreBiasBits + dot is the bit pattern of the float
 // 1.5·2^23 + dot (same exponent, the mantissa carries the dot). The WMMA thus delivers the dots
@@ -140,7 +140,6 @@ constexpr float kExpOffset = 8.807350158691406f;
 constexpr int32_t kScoreBiasBits = 0x4B400000;
 constexpr float kScoreBias = 12582912.0f;  // 1.5·2^23
 constexpr float kNegInf = -__builtin_inff();
-constexpr float kLn2 = 0.6931471805599453f;
 
 // An opaque use and redefinition of x in VGPRs: the value must exist at this point (no
 // instruction computing it sinks below) and is not known to be any constant afterwards. No

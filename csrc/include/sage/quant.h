@@ -3,13 +3,11 @@
 // single correctly rounded IEEE operation (mul, div, sqrt, rint) in a fixed order.
 #pragma once
 #include <stdint.h>
+#include "sage/constants.h"
 #include "sage/params.h"
 #include "sage/platform.h"
 
 namespace sage {
-
-constexpr float kInt8Max = 127.0f;
-constexpr float kFp8Max = 448.0f;  // largest finite OCP e4m3fn value
 
 SAGE_HD uint32_t f32_bits(float x) { return __builtin_bit_cast(uint32_t, x); }
 SAGE_HD float bits_f32(uint32_t u) { return __builtin_bit_cast(float, u); }
@@ -88,9 +86,7 @@ SAGE_HD float output_value(float code_mean, float v_scale, float mean_bound, flo
 
 // Q factor float32(softmax_scale * log2 e), the product in double (host side: the binding
 // fills SageParams::q_prescale with it; the kernels then use exp2).
-inline float q_prescale_from(double softmax_scale) {
-  return float(softmax_scale * 1.4426950408889634);
-}
+inline float q_prescale_from(double softmax_scale) { return float(softmax_scale * kLog2e); }
 
 // |x| maximum that propagates NaN like torch.amax (fmaxf would drop it). A CUDA device has it
 // as one instruction (max.NaN; its NaN is the canonical one, and NaN payloads are not part of
