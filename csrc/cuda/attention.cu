@@ -73,6 +73,7 @@
 
 #include "sage/check.h"
 #include "sage/layout.h"
+#include "sage/static_switch.h"
 #include "sage/module_abi.h"
 #include "sage/params.h"
 #include "sage/platform.h"
@@ -1016,12 +1017,14 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
     const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
     return e && e[0] == '1';
   }();
-  // The one place where the head dim and the P.V mode become template arguments.
-  if (p.pv_dtype == SAGE_PV_FP16)
-    return p.head_dim_pad == SAGE_HEAD_DIM_SMALL ? launch<s9::Traits<64, 4, false, true>>(p, st)
-                                                 : launch<s9::Traits<128, 4, false, true>>(p, st);
-  if (p.head_dim_pad == SAGE_HEAD_DIM_SMALL)
-    return pingpong ? launch<s9::Traits<64, 4, true>>(p, st) : launch<s9::Traits<64, 4>>(p, st);
-  return pingpong ? launch<s9::Traits<128, 4, true>>(p, st) : launch<s9::Traits<128, 4>>(p, st);
+  // The one place where the head dim, the P.V mode and the ping-pong schedule become template
+  // arguments (sage/static_switch.h). FP16 P.V has no ping-pong variant: kPing folds into it.
+  return SAGE_BOOL_SWITCH(p.pv_dtype == SAGE_PV_FP16, kPv16, [&] {
+    return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kDp, [&] {
+      return SAGE_BOOL_SWITCH(pingpong, kPing, [&] {
+        return launch<s9::Traits<kDp, 4, kPing && !kPv16, kPv16>>(p, st);
+      });
+    });
+  });
 }
 SAGE_DEFINE_CHECKED_LAUNCH(attention, kAttention)

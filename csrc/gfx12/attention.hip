@@ -28,6 +28,7 @@
 #include "sage/params.h"
 #include "sage/platform.h"
 #include "sage/quant.h"
+#include "sage/static_switch.h"
 
 // A scheduling fence for the HIP compiler (instructions are not moved across it); it has no
 // effect on results, so the emulator build (plain C++) defines it away.
@@ -686,15 +687,18 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     SAGE_LDS(u32x4, lds, (AttnTraits<D, PV16>::kLdsBytes / 16));     \
     attention_fwd<D, CAUSAL, PV16>(lds, p);                          \
   }
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel, SAGE_HEAD_DIM_LARGE, false, false)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal, SAGE_HEAD_DIM_LARGE, true, false)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64, SAGE_HEAD_DIM_SMALL, false, false)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal, SAGE_HEAD_DIM_SMALL, true, false)
-// pv_dtype FP16 (FP16 P·V)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_pv16, SAGE_HEAD_DIM_LARGE, false, true)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_causal_pv16, SAGE_HEAD_DIM_LARGE, true, true)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_pv16, SAGE_HEAD_DIM_SMALL, false, true)
-SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal_pv16, SAGE_HEAD_DIM_SMALL, true, true)
+// Every attention kernel, once: name, head dim, causal, FP16 P·V. The kernels are defined
+// from this table and the launcher picks from it (attention_kernel below).
+#define SAGE_ATTENTION_VARIANTS(X)                                          \
+  X(sage_attention_fwd_kernel, SAGE_HEAD_DIM_LARGE, false, false)           \
+  X(sage_attention_fwd_kernel_causal, SAGE_HEAD_DIM_LARGE, true, false)     \
+  X(sage_attention_fwd_kernel_d64, SAGE_HEAD_DIM_SMALL, false, false)       \
+  X(sage_attention_fwd_kernel_d64_causal, SAGE_HEAD_DIM_SMALL, true, false) \
+  X(sage_attention_fwd_kernel_pv16, SAGE_HEAD_DIM_LARGE, false, true)       \
+  X(sage_attention_fwd_kernel_causal_pv16, SAGE_HEAD_DIM_LARGE, true, true) \
+  X(sage_attention_fwd_kernel_d64_pv16, SAGE_HEAD_DIM_SMALL, false, true)   \
+  X(sage_attention_fwd_kernel_d64_causal_pv16, SAGE_HEAD_DIM_SMALL, true, true)
+SAGE_ATTENTION_VARIANTS(SAGE_ATTENTION_KERNEL)
 #undef SAGE_ATTENTION_KERNEL
 
 }  // namespace gfx12
@@ -703,42 +707,18 @@ SAGE_ATTENTION_KERNEL(sage_attention_fwd_kernel_d64_causal_pv16, SAGE_HEAD_DIM_S
 #if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=gfx12")
 
-// FlashAttention-2's static_switch: a run-time value becomes a constexpr NAME inside the body.
-#define SAGE_BOOL_SWITCH(COND, NAME, ...) \
-  [&] {                                   \
-    if (COND) {                           \
-      constexpr bool NAME = true;         \
-      return __VA_ARGS__();               \
-    } else {                              \
-      constexpr bool NAME = false;        \
-      return __VA_ARGS__();               \
-    }                                     \
-  }()
-#define SAGE_HEAD_DIM_SWITCH(DIM, NAME, ...)    \
-  [&] {                                         \
-    if ((DIM) == SAGE_HEAD_DIM_SMALL) {         \
-      constexpr int NAME = SAGE_HEAD_DIM_SMALL; \
-      return __VA_ARGS__();                     \
-    } else {                                    \
-      constexpr int NAME = SAGE_HEAD_DIM_LARGE; \
-      return __VA_ARGS__();                     \
-    }                                           \
-  }()
-
 namespace sage {
 namespace gfx12 {
-// The kernel of variant (D, kCausal, kPv16).
+// The kernel of variant (D, kCausal, kPv16), from SAGE_ATTENTION_VARIANTS.
 template <int D, bool kCausal, bool kPv16>
 inline auto attention_kernel() {
-  constexpr bool large = D == SAGE_HEAD_DIM_LARGE;
-  if constexpr (!kPv16)
-    return large ? (kCausal ? sage_attention_fwd_kernel_causal : sage_attention_fwd_kernel)
-                 : (kCausal ? sage_attention_fwd_kernel_d64_causal : sage_attention_fwd_kernel_d64);
+#define SAGE_PICK_ATTENTION(name, DIM, CAUSAL, PV16)                  \
+  if constexpr (D == (DIM) && kCausal == (CAUSAL) && kPv16 == (PV16)) \
+    return name;                                                      \
   else
-    return large
-               ? (kCausal ? sage_attention_fwd_kernel_causal_pv16 : sage_attention_fwd_kernel_pv16)
-               : (kCausal ? sage_attention_fwd_kernel_d64_causal_pv16
-                          : sage_attention_fwd_kernel_d64_pv16);
+  SAGE_ATTENTION_VARIANTS(SAGE_PICK_ATTENTION)
+  static_assert(kNoSuchVariant<D, kCausal, kPv16>, "no attention kernel of this variant");
+#undef SAGE_PICK_ATTENTION
 }
 
 template <int D, bool kCausal, bool kPv16>

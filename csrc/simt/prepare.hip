@@ -32,6 +32,7 @@
 #include "sage/params.h"
 #include "sage/platform.h"
 #include "sage/quant.h"
+#include "sage/static_switch.h"
 
 namespace sage {
 namespace gfx12 {
@@ -575,10 +576,16 @@ using PrepBf16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_BF16>;
 using PrepBf16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_BF16>;
 using PrepFp16D128 = PrepTraits<SAGE_HEAD_DIM_LARGE, SAGE_DTYPE_FP16>;
 using PrepFp16D64 = PrepTraits<SAGE_HEAD_DIM_SMALL, SAGE_DTYPE_FP16>;
-SAGE_PREPARE_KERNELS(PrepBf16D128, _)
-SAGE_PREPARE_KERNELS(PrepBf16D64, _d64_)
-SAGE_PREPARE_KERNELS(PrepFp16D128, _f16_)
-SAGE_PREPARE_KERNELS(PrepFp16D64, _d64_f16_)
+// Every prepare variant, once: traits, name suffix, head dim, FP16 input. The kernels are
+// defined from this table and the launcher picks from it (sage_prepare_run).
+#define SAGE_PREPARE_VARIANTS(X)                    \
+  X(PrepBf16D128, _, SAGE_HEAD_DIM_LARGE, false)    \
+  X(PrepBf16D64, _d64_, SAGE_HEAD_DIM_SMALL, false) \
+  X(PrepFp16D128, _f16_, SAGE_HEAD_DIM_LARGE, true) \
+  X(PrepFp16D64, _d64_f16_, SAGE_HEAD_DIM_SMALL, true)
+#define SAGE_DEFINE_PREPARE(TRAITS, SUFFIX, DIM, FP16) SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)
+SAGE_PREPARE_VARIANTS(SAGE_DEFINE_PREPARE)
+#undef SAGE_DEFINE_PREPARE
 #undef SAGE_PREPARE_KERNELS
 
 }  // namespace gfx12
@@ -637,24 +644,32 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk q
 }
 }  // namespace
 
-SAGE_EXPORT int sage_prepare_run(const SageParams* params, void* stream) {
+// The kernels of variant (kD, kFp16), from SAGE_PREPARE_VARIANTS.
+template <int kD, bool kFp16>
+int launch_prepare_variant(const SageParams& p, void* stream) {
   namespace g = sage::gfx12;
+#define SAGE_PICK_PREPARE(TRAITS, SUFFIX, DIM, FP16)                                            \
+  if constexpr (kD == (DIM) && kFp16 == (FP16))                                                 \
+    return launch_prepare<g::TRAITS>(                                                           \
+        p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
+        g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,      \
+        g::sage_prepare_v_quant16##SUFFIX##kernel);                                             \
+  else
+  SAGE_PREPARE_VARIANTS(SAGE_PICK_PREPARE)
+  static_assert(sage::kNoSuchVariant<kD, kFp16>, "no prepare kernels of this variant");
+#undef SAGE_PICK_PREPARE
+}
+
+SAGE_EXPORT int sage_prepare_run(const SageParams* params, void* stream) {
   if (!sage::check_features(params, sage::Launch::kPrepare, sage::kAllFeatures,
                             SAGE_PREPARE_BACKEND))
     return 1;
   const SageParams& p = *params;
   // The one place where the head dim and the input dtype become template arguments.
-  const bool small = p.head_dim_pad == SAGE_HEAD_DIM_SMALL, fp16 = p.in_dtype == SAGE_DTYPE_FP16;
-#define SAGE_LAUNCH_PREPARE(TRAITS, SUFFIX)                                                   \
-  launch_prepare<g::TRAITS>(                                                                  \
-      p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
-      g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,      \
-      g::sage_prepare_v_quant16##SUFFIX##kernel)
-  if (small && fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D64, _d64_f16_);
-  if (small) return SAGE_LAUNCH_PREPARE(PrepBf16D64, _d64_);
-  if (fp16) return SAGE_LAUNCH_PREPARE(PrepFp16D128, _f16_);
-  return SAGE_LAUNCH_PREPARE(PrepBf16D128, _);
-#undef SAGE_LAUNCH_PREPARE
+  return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kD, [&] {
+    return SAGE_BOOL_SWITCH(p.in_dtype == SAGE_DTYPE_FP16, kFp16,
+                            [&] { return launch_prepare_variant<kD, kFp16>(p, stream); });
+  });
 }
 SAGE_DEFINE_CHECKED_LAUNCH(prepare, kPrepare)
 #endif  // SAGE_HOST_LAUNCH
