@@ -216,10 +216,12 @@ def _to_nhd(t, layout):
 
 
 def kernel_attention(
-    q, k, v, *, layout, is_causal, scale, smooth_k, return_lse, backend=None, plan=None
+    q, k, v, *, layout, is_causal, scale, smooth_k, return_lse, backend=None, plan=None, q_lens=None
 ):
     """The kernels on an eligible call; output in ``layout``, LSE FP32 [B, Hq, Sq]. ``plan``: a
-    key mask's :class:`aiter_sage.masks.KeyMaskPlan` (its tensors replace q, k, v)."""
+    key mask's :class:`aiter_sage.masks.KeyMaskPlan` (its tensors replace q, k, v). ``q_lens``:
+    int32 [B] real query rows of each entry (packed sequences): rows past them are not computed
+    and come back zero; used only where the plan keeps the batch as it is."""
     if not torch.compiler.is_compiling():
         ops._register()
     if plan is not None:
@@ -232,6 +234,8 @@ def kernel_attention(
     kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
     if plan is not None and plan.kv_lens is not None:
         kw["kv_lens"] = plan.kv_lens.to(qn.device)
+    if q_lens is not None and (plan is None or (plan.fold is None and plan.rows is None)):
+        kw["q_lens"] = q_lens.to(qn.device)
     aiter = torch.ops.aiter
     if return_lse:
         out, lse = aiter.gfx1201_sage_attention_lse(qn, kn, vn, scale, **kw)
@@ -413,6 +417,7 @@ def attention(
     where="aiter_sage",
     mask_with_causal=False,
     strict_mask=False,
+    q_lens=None,
 ):
     """The router on ``layout`` tensors ("HND" [B, H, S, D] or "NHD" [B, S, H, D]): kernels or
     SDPA. Returns the output in ``layout`` (and the LSE, FP32 [B, Hq, Sq]). A key mask runs on
@@ -456,6 +461,7 @@ def attention(
             return_lse=return_lse,
             backend=backend,
             plan=plan,
+            q_lens=q_lens,
         )
     _log_fallback(where, why)
     if layout == "NHD":

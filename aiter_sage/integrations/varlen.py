@@ -2,8 +2,9 @@
 
 Packed ``[total, H, D]`` sequences (``cu_seqlens`` their boundaries, flash-attn's form) are
 laid out as a zero-padded batch ``[B, max_seqlen, H, D]`` and run with per-batch lengths
-(``q_lens`` / ``kv_lens``: each entry attends over its own keys only, and its key tiles past its
-length are skipped), then packed back. The padding copy is one pass over Q, K and V.
+(``q_lens`` / ``kv_lens``: each entry attends over its own keys only, and its key tiles and
+query rows past its lengths are skipped), then packed back. The padding copy is one pass over
+Q, K and V.
 """
 
 from __future__ import annotations
@@ -95,5 +96,6 @@ def sageattn_varlen(
         backend=backend,
         where="aiter_sage.sageattn_varlen",
         mask_with_causal=True,
+        q_lens=lq.to(torch.int32),  # each entry's padding rows are not computed
     )
     return out[rows]
