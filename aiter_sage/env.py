@@ -63,9 +63,10 @@ VARIABLES: tuple[EnvVar, ...] = (
         ("csrc/binding/host_blocks.h",),
     ),
     EnvVar(
-        "AITER_SAGE_CUDA_PINGPONG",
-        "off",
-        "`1` (measurements only): the cuda FP8 kernels' consumer warpgroups take turns",
+        "AITER_SAGE_CUDA_SCHEDULE",
+        "`default`",
+        "(measurements only) the cuda kernels' schedule: `overlap` (the D 128 FP8 kernel "
+        "overlapped, not serial) or `pingpong` (overlapped, warpgroups taking turns)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules

@@ -13,13 +13,20 @@ Providers
   sdpa_cudnn, sdpa_flash, sdpa_efficient
              the same, pinned to one torch SDPA backend (torch.nn.attention.sdpa_kernel;
              CUDA GPUs). On NVIDIA: --providers sage sage_core sdpa_cudnn sdpa_flash
+  sage2, sage2_nosmooth
+             SageAttention2's Hopper kernel, sageattn_qk_int8_pv_fp8_cuda_sm90 (INT8 Q.K per
+             warp, FP8 P.V, "fp32+fp32" accumulation; its quantization included), with its
+             smooth_k on and off, when the real `sageattention` package is importable on a
+             Hopper GPU (run_h200.sh builds it from a given copy of its source); timed exactly
+             like the others
 
 Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head),
---pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), each a CSV
-column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs
-`--iters` timed calls in turn (interleaved, so drift hits all alike); the median per-call time
-over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a
-causal kernel does). With --compare_to_ref each provider's output is also scored against the
+--pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), --smooth_k
+(the sage providers quantize K minus its mean), --dit (DiT-like inputs, see make_inputs), each a
+CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters`
+timed calls in turn (interleaved, so drift hits all alike); the median per-call time over rounds
+is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a causal kernel
+does). With --compare_to_ref each provider's output is also scored against the
 FP32 reference: cosine, relative L2, and % of elements outside the band (atol 0.3, rtol 0.25).
 
 The backend is the best present (an RDNA4 or Hopper GPU, else the CPU); --backend picks one.
@@ -56,7 +63,10 @@ PROVIDERS = (
     "sdpa_cudnn",
     "sdpa_flash",
     "sdpa_efficient",
+    "sage2",
+    "sage2_nosmooth",
 )
+SAGE2_PROVIDERS = {"sage2": True, "sage2_nosmooth": False}  # name -> smooth_k
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -101,10 +111,37 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0):
+# --dit: what the activations of video/image diffusion transformers look like to the INT8
+# quantizer: every key of a head carries a shared per-channel offset (N(0, DIT_K_OFFSET) per
+# channel, several times the keys' own spread: the common component smooth_k removes), and a
+# few query channels (DIT_Q_OUTLIERS of them, the same in every head) are DIT_Q_OUTLIER_GAIN
+# times larger than the rest (they set every Q block's scale).
+DIT_K_OFFSET = 4.0
+DIT_Q_OUTLIERS = 4
+DIT_Q_OUTLIER_GAIN = 8.0
+
+
+def make_inputs(b, h, s, device, *, d=128, dtype=torch.bfloat16, gqa=1, seed=0, dit=False):
     g = torch.Generator().manual_seed(seed)
     shapes = ((b, s, h, d), (b, s, h // gqa, d), (b, s, h // gqa, d))
-    return tuple(torch.randn(sh, generator=g).to(dtype).to(device) for sh in shapes)
+    q, k, v = (torch.randn(sh, generator=g) for sh in shapes)
+    if dit:
+        k += DIT_K_OFFSET * torch.randn((1, 1, h // gqa, d), generator=g)
+        q[..., torch.randperm(d, generator=g)[:DIT_Q_OUTLIERS]] *= DIT_Q_OUTLIER_GAIN
+    return tuple(t.to(dtype).to(device) for t in (q, k, v))
+
+
+def sage2_module():
+    """SageAttention2's package if the real one is importable and has its Hopper kernel (not
+    aiter_sage's own `sageattention` shim), else None."""
+    try:
+        import sageattention
+    except Exception:  # absent, or built for another GPU / torch
+        return None
+    fn = getattr(sageattention, "sageattn_qk_int8_pv_fp8_cuda_sm90", None)
+    if fn is None or "aiter_sage" in str(getattr(sageattention, "__file__", "")):
+        return None
+    return sageattention
 
 
 def pad_mask(b, s, kept, device):
@@ -115,16 +152,20 @@ def pad_mask(b, s, kept, device):
     return kv_lens, mask
 
 
-def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
+def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None, smooth_k=False):
     """name -> zero-argument callable returning the output in [B, S, H, D]. `kept`: the keys
     are padded past `kept` (--mask-pad): the sage providers get per-entry key lengths, SDPA the
-    same mask, and `sage_kept` / `sage_core_kept` run the unmasked kernels on the kept keys."""
+    same mask, and `sage_kept` / `sage_core_kept` run the unmasked kernels on the kept keys.
+    `smooth_k`: the sage providers' (SageAttention2's have their own two settings)."""
     masked = kept is not None
     lens, mask = pad_mask(q.shape[0], k.shape[1], kept, q.device) if masked else (None, None)
     extra = dict(kv_lens=lens) if masked else {}
+    if smooth_k:
+        extra["smooth_k"] = True
     prepared = aiter_sage.gfx1201_sage_prepare(
         q, k, v, scale, pv_dtype=pv_dtype, backend=backend, **extra
     )
+    fwd_extra = {n: x for n, x in extra.items() if n != "smooth_k"}
     s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -133,7 +174,7 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
 
     def core():
         out = aiter_sage.gfx1201_sage_attention_fwd(
-            *prepared, s, is_causal=causal, out_dtype=q.dtype, backend=backend, **extra
+            *prepared, s, is_causal=causal, out_dtype=q.dtype, backend=backend, **fwd_extra
         )
         return out[:, :s, :, :d]
 
@@ -157,6 +198,13 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None):
         "sage_core": core,
         "sdpa": lambda: sdpa(qh, kh, vh, **sdpa_kw).transpose(1, 2),
     }
+    sa2 = sage2_module() if q.is_cuda and not masked else None
+    for name, smooth in SAGE2_PROVIDERS.items():
+        if sa2 is not None:
+            calls[name] = lambda smooth=smooth: sa2.sageattn_qk_int8_pv_fp8_cuda_sm90(
+                q, k, v, tensor_layout="NHD", is_causal=causal, qk_quant_gran="per_warp",
+                sm_scale=scale, pv_accum_dtype="fp32+fp32", smooth_k=smooth,
+            )  # fmt: skip
     if masked:
         kk, vk = k[:, :kept], v[:, :kept]
         calls["sage_kept"] = lambda: aiter_sage.gfx1201_sage_attention(
@@ -229,7 +277,9 @@ def run(args):
     # torch's default SDPA everywhere; its pinned NVIDIA kernels (cuDNN, flash, efficient)
     # only where they exist.
     default = (
-        PROVIDERS if backend == "cuda" else tuple(p for p in PROVIDERS if p not in SDPA_BACKENDS)
+        PROVIDERS
+        if backend == "cuda"
+        else tuple(p for p in PROVIDERS if p not in SDPA_BACKENDS and p not in SAGE2_PROVIDERS)
     )
     providers = args.providers or list(default)
     dtype = DTYPES[args.dtype]
@@ -252,16 +302,22 @@ def run(args):
     if args.mask_pad is not None and args.causal:
         raise SystemExit("--mask-pad with --causal: SDPA takes a mask or is_causal, not both")
     for s in seqs:
-        q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa)
+        q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa, dit=args.dit)
         scale = d**-0.5
         kept = None if args.mask_pad is None else max(1, s - round(args.mask_pad * s))
         calls = {
             n: f
             for n, f in provider_calls(
-                q, k, v, scale, backend, args.causal, args.pv_dtype, kept
+                q, k, v, scale, backend, args.causal, args.pv_dtype, kept, args.smooth_k
             ).items()
             if n in providers
         }
+        missing = [n for n in SAGE2_PROVIDERS if n in providers and n not in calls]
+        if missing and s == seqs[0]:
+            print(
+                f"# {', '.join(missing)}: skipped (needs SageAttention2's sageattention package "
+                "with its sm90 kernel on a Hopper GPU, and no --mask-pad)"
+            )
         times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
         keys = s if kept is None else kept  # FLOPs of the keys that count
         flops = 4.0 * batch * heads * s * keys * d * (0.5 if args.causal else 1.0)
@@ -285,6 +341,8 @@ def run(args):
                 gqa=args.gqa,
                 kept_keys=keys,
                 pv_dtype=args.pv_dtype,
+                smooth_k=SAGE2_PROVIDERS.get(name, args.smooth_k),
+                dit=args.dit,
                 provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
                 tflops=flops / times[name] / 1e12,
@@ -292,6 +350,9 @@ def run(args):
             base = next((n for n in ("sdpa", "sdpa_cudnn") if n in times), None)
             if base:
                 row[f"speedup_vs_{base}"] = times[base] / times[name]
+            sa2 = [times[n] for n in SAGE2_PROVIDERS if n in times]
+            if sa2:  # against the faster of SageAttention2's two settings
+                row["speedup_vs_sage2"] = min(sa2) / times[name]
             if reference is not None:
                 acc = ref.accuracy(calls[name](), reference)
                 row.update(
@@ -318,7 +379,7 @@ def print_markdown(rows):
         print("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("-b", "--batch", type=int, help="batch size")
     p.add_argument("-n", "--heads", type=int, help="number of heads")
@@ -342,6 +403,15 @@ def main(argv=None):
         default="fp8",
         help="P·V operands of the sage providers",
     )
+    p.add_argument(
+        "--smooth_k", action="store_true", help="the sage providers quantize K minus its mean"
+    )
+    p.add_argument(
+        "--dit",
+        action="store_true",
+        help="DiT-like inputs: a shared per-channel key offset and a few outlier query "
+        "channels (where smoothing matters)",
+    )
     p.add_argument("--backend", choices=aiter_sage.BACKENDS, help="default: best present")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
@@ -351,7 +421,11 @@ def main(argv=None):
         "--compare_to_ref", action="store_true", help="score outputs against the FP32 reference"
     )
     p.add_argument("-o", "--output", help="also write the rows as CSV")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     rows = run(args)
     print_markdown(rows)
     if args.output:
@@ -359,7 +433,9 @@ def main(argv=None):
             w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
             w.writeheader()
             w.writerows(rows)
-    ours = [r for r in rows if not r["provider"].startswith("sdpa")]
+    ours = [
+        r for r in rows if r["provider"].startswith("sage") and r["provider"] not in SAGE2_PROVIDERS
+    ]
     if args.compare_to_ref and not all(r["in_band"] for r in ours):
         print("# FAIL: an aiter_sage output is outside the accuracy band", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@ One figure per backend, each a speed panel and an accuracy-versus-length panel:
 
   cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
           avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
-  cuda    op_benchmarks/nvidia/h200_bench_{d128,d64,fp16}.csv (one H200, run_h200.sh)
+  cuda    op_benchmarks/nvidia/h200_side_by_side.csv (one H200, run_h200.sh's side-by-side
+          with SageAttention2 and cuDNN)
   gfx12   a PREDICTION: the calibrated model's TFLOPS (aiter_sage/perf_model.py, what
           `python3 -m aiter_sage.isa --arch gfx1201 --model r9700 --shape B,H,S,D
           --queries-per-group 128` prints) for each S, with its held-out error as the band
@@ -29,6 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "op_benchmarks" / "results"
 H200 = REPO / "op_benchmarks" / "nvidia"
+SIDE_BY_SIDE_CSV = H200 / "h200_side_by_side.csv"
 IMAGES = REPO / "docs" / "images"
 ACCURACY_CSV = RESULTS / "accuracy_vs_seqlen.csv"
 CPU_CSV = RESULTS / "cpu_main_job.csv"
@@ -116,44 +118,52 @@ def render_cpu(plt) -> None:
 
 
 def render_cuda(plt) -> None:
-    d128 = _rows(H200 / "h200_bench_d128.csv")
-    fig, (speed, acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for prov, style in (
-        ("sage", "-o"),
-        ("sage_core", "-s"),
-        ("sdpa_cudnn", "--^"),
-        ("sdpa_flash", ":v"),
-    ):
-        pts = sorted((int(r["S"]), float(r["tflops"])) for r in d128 if r["provider"] == prov)
-        speed.plot(*zip(*pts), style, label=f"{prov}, D 128")
-    for name, label, marker, provs in (
-        ("h200_bench_d64.csv", "D 64", "D", ("sage", "sdpa_cudnn")),
-        ("h200_bench_fp16.csv", "D 128 FP16 P·V", "P", ("sage",)),
-    ):
-        for r in _rows(H200 / name):
-            if r["provider"] in provs:
-                speed.plot(
-                    int(r["S"]), float(r["tflops"]), marker, label=f"{r['provider']}, {label}"
-                )
-    speed.set_xscale("log", base=2)
-    speed.set_xlabel("S (B1 H24, BF16, non-causal)")
+    """The side-by-side run (op_benchmarks/nvidia/side_by_side.py): TFLOPS per shape of our
+    full call and kernel, SageAttention2 (the faster of its smooth_k settings) and cuDNN, and
+    rel L2 of ours and SageAttention2's (randn, then the DiT-like rows with smooth_k)."""
+    rows = _rows(SIDE_BY_SIDE_CSV)
+    by = {}
+    for r in rows:
+        by.setdefault(r["shape"], {})[r["provider"]] = r
+    speed_shapes = [sh for sh, prov in by.items() if "sdpa_cudnn" in prov]
+    fig, (speed, acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
+
+    def sage2_best(prov):
+        return min((prov[n] for n in ("sage2", "sage2_nosmooth") if n in prov),
+                   key=lambda r: float(r["ms"]), default=None)  # fmt: skip
+
+    series = (
+        ("sage (with prepare)", lambda p: p.get("sage")),
+        ("sage_core", lambda p: p.get("sage_core")),
+        ("SageAttention2 sm90 (faster setting)", sage2_best),
+        ("cuDNN BF16", lambda p: p.get("sdpa_cudnn")),
+    )
+    width = 0.2
+    for i, (label, pick) in enumerate(series):
+        xs = [j + (i - 1.5) * width for j in range(len(speed_shapes))]
+        ys = [float(pick(by[sh])["tflops"]) if pick(by[sh]) else 0.0 for sh in speed_shapes]
+        speed.bar(xs, ys, width, label=label, color=f"C{i}")
+    speed.set_xticks(range(len(speed_shapes)), [sh.replace(": ", "\n") for sh in speed_shapes],
+                     fontsize=6, rotation=30, ha="right")  # fmt: skip
     speed.set_ylabel("TFLOPS (higher is better)")
-    speed.set_title("cuda backend on one H200 (sage includes prepare)")
-    speed.grid(True, which="both", alpha=0.3)
-    speed.legend(fontsize=7)
-    for prov, style in (("sage", "-o"), ("sdpa_cudnn", "--^")):
-        pts = sorted((int(r["S"]), float(r["rel_l2"])) for r in d128 if r["provider"] == prov)
-        acc.plot(*zip(*pts), style, label=f"{prov}, D 128, FP8 P·V" if prov == "sage" else prov)
-    for r in _rows(H200 / "h200_bench_fp16.csv"):
-        if r["provider"] == "sage":
-            acc.plot(int(r["S"]), float(r["rel_l2"]), "P", label="sage, D 128, FP16 P·V")
-    acc.set_xscale("log", base=2)
-    acc.set_yscale("log")
-    acc.set_xlabel("S = key length (randn inputs)")
+    speed.set_title("cuda backend on one H200, side by side in one run")
+    speed.grid(True, axis="y", alpha=0.3)
+    speed.set_ylim(0, 1050)
+    speed.legend(fontsize=7, loc="upper left", ncol=4)
+    acc_shapes = list(by)
+    for i, (label, pick) in enumerate(
+        (("sage", lambda p: p.get("sage")), ("SageAttention2", sage2_best))
+    ):
+        xs = [j + (i - 0.5) * 0.35 for j in range(len(acc_shapes))]
+        ys = [float(pick(by[sh])["rel_l2"]) if pick(by[sh]) else 0.0 for sh in acc_shapes]
+        acc.bar(xs, ys, 0.35, label=label, color=f"C{i * 2}")
+    acc.set_xticks(range(len(acc_shapes)), [sh.replace(": ", "\n") for sh in acc_shapes],
+                   fontsize=6, rotation=30, ha="right")  # fmt: skip
     acc.set_ylabel("relative L2 vs FP32 attention")
-    acc.set_title("cuda backend: accuracy vs length (H200)")
-    acc.grid(True, which="both", alpha=0.3)
+    acc.set_title("accuracy on the same inputs (DiT-like: smooth_k on both)")
+    acc.grid(True, axis="y", alpha=0.3)
     acc.legend(fontsize=7)
+    fig.tight_layout()
     _save(fig, "cuda_h200.png")
 
 

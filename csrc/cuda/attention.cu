@@ -8,8 +8,14 @@
 // O += P16 . V16 with f16 x f16 -> f32 wgmma m64nNk16: a template variant of its own (kPv16), so
 // the FP8 kernels are unchanged.
 //
-// One CTA = 128 query rows of one (batch, query head): three warpgroups (the FP8 kernel at Dp 64:
-// 192 rows, four warpgroups, Traits::kWgs).
+// Two schedules (Traits::kSerial has the measurements behind the choice):
+//   serial (FP8 P.V at D = 128, the default there): one CTA = 64 query rows of one (batch,
+//                    query head), one warpgroup, three CTAs per SM. Per KV tile: QK wgmma,
+//                    softmax, PV wgmma in turn; thread 0 copies the next K tile by TMA once
+//                    the QK retired and the next V tile once the PV did, into the CTA's one
+//                    shared-memory stage.
+//   overlapped (D = 64, FP16 P.V, and the measurement knobs): one CTA = 128 query rows, three
+//                    warpgroups (the FP8 kernel at Dp 64: 192 rows, four; Traits::kWgs):
 //   warpgroup 0      producer: one thread issues TMA copies (cp.async.bulk.tensor, tensor maps
 //                    encoded on the host at each launch and passed as __grid_constant__
 //                    parameters) of the Q tile and of each 128-key K/V tile into a
@@ -70,6 +76,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sage/check.h"
 #include "sage/layout.h"
@@ -115,17 +122,33 @@ constexpr int kOHomeTiles = 16;
 
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
           int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>(),
-          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles>
+          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
   static constexpr int kWgs = kWgs_;              // consumer warpgroups
   static constexpr int kBlockM = kWgRows * kWgs;  // query rows per CTA
-  static constexpr int kThreads = kWgThreads * (kWgs + 1);
+  // The key loop's schedule (consume). Overlapped (kSerial false): a producer warpgroup's
+  // thread copies K/V into a ring of stages, and each of kWgs consumer warpgroups keeps the QK
+  // wgmma of tile j in flight with the PV of tile j-1, the softmax of j beside that PV; that
+  // holds S of j, P and O of j-1 at once (~240 registers per thread), one CTA per SM.
+  // Serial (kSerial): one warpgroup per CTA, QK, softmax and PV of a tile in turn, no producer
+  // (its thread 0 copies the next K once QK retired and the next V once PV did, into a single
+  // stage), S/P and O alone live: 168 registers, so three CTAs (twelve warps computing) share
+  // an SM and fill each other's gaps. H200, Nsight Compute at B1 H24 S8192 D128: the
+  // overlapped kernel had 8 computing warps per SM, 0.55 eligible per scheduler and cycle and
+  // 42 % of issue slots busy; SageAttention2's kernel, built this serial way, 0.96 and 52 %
+  // on the same instruction count.
+  static constexpr bool kSerial = kSerial_;
+  static_assert(!kSerial || (kWgs_ == 1 && kStages_ == 1 && !kPingPong_ && !kPv16_),
+                "the serial schedule: one FP8 P.V warpgroup, one stage");
+  static constexpr int kProducerWgs = kSerial ? 0 : 1;
+  static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
+  static constexpr int kCtasPerSm = kSerial ? 3 : 1;  // __launch_bounds__' minimum
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
-  static_assert(kConsumerRegs <= 256 && kWgs >= 2, "setmaxnreg takes 24 .. 256");
+  static_assert(kSerial || (kConsumerRegs <= 256 && kWgs >= 2), "setmaxnreg takes 24 .. 256");
   static_assert(!kPingPong_ || kWgs == 2, "ping-pong alternates two consumer warpgroups");
   // The two consumer warpgroups take turns issuing their wgmmas (named barriers 1 and 2), so
   // one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
@@ -149,10 +172,15 @@ struct Traits {
   static constexpr int kOHomeOffset = kQBytes + kStages * kStageBytes;
   static constexpr int kOHomeMaxOffset = kOHomeOffset + kBlockM * kDp * 4;
   static constexpr int kOHomeBytes = kOHomeTiles ? kBlockM * kDp * 4 + kWgs * kWgThreads * 8 : 0;
-  // Load a tile's K scales at the top of its loop step (load_k_scales) rather than after the QK
-  // wait: two consumer warpgroups only (H200, D = 128: 731 -> 769 TFLOPS at S 16k; the
-  // three-warpgroup D = 64 kernel, at 128 registers per thread, measured 540 -> 514).
+  // Load a tile's K scales one loop step ahead (load_k_scales) rather than after the QK wait:
+  // two consumer warpgroups only (H200, D = 128, loading them at the top of their own step:
+  // 731 -> 769 TFLOPS at S 16k; the three-warpgroup D = 64 kernel, at 128 registers per thread,
+  // measured 540 -> 514). A step ahead, their global load has a whole tile to land (Nsight
+  // Compute put 0.89 long-scoreboard stalls per issued instruction on the load at the top).
   static constexpr bool kEarlyKScales = kWgs == 2;
+  // The folded exponent argument (kFoldMaxScale): the serial kernel only (no measurable change
+  // on the overlapped D = 128 one; the three-warpgroup D = 64 one spilled its addends).
+  static constexpr bool kFoldScoreBias = kSerial;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 3 * kStages) + 1024;  // + alignment
@@ -163,6 +191,21 @@ struct Traits {
   static_assert(kVPartBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kQBytes % 1024 == 0, "");
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KiB of shared memory");
 };
+
+// The kernel a call runs (sage_attention_run): FP8 P.V at D = 128 runs the serial schedule
+// (64 query rows per CTA, three CTAs per SM), everything else the overlapped one (D = 64 with
+// three consumer warpgroups: its S, P and O fit 160 registers); the measurement knobs
+// (kPingPong, kOverlap) select the overlapped D = 128 kernel.
+template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
+struct KernelTraitsOf {
+  using type = Traits<kDp, 4, kPingPong && !kPv16, kPv16>;
+};
+template <>
+struct KernelTraitsOf<128, false, false, false> {
+  using type = Traits<128, 1, false, false, 1, kOHomeTiles, true>;
+};
+template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
+using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kPingPong, kOverlap>::type;
 
 // ------------------------------------------------------------------ PTX helpers ------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -268,13 +311,23 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return r;
 }
 
-// wgmma shared-memory descriptor of a K-major tile with `row_bytes` (64 or 128) swizzled rows.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, int row_bytes) {
-  const uint64_t swizzle = row_bytes == 128 ? 1 : 2;  // 128-byte / 64-byte swizzle
-  const uint64_t sbo = 8 * row_bytes;                 // 8-row core-matrix groups
-  return uint64_t((addr & 0x3ffff) >> 4) | (uint64_t(1) << 16) | ((sbo >> 4) << 32) |
-         (swizzle << 62);
+// wgmma shared-memory descriptor of a K-major tile with `row_bytes` (64 or 128) swizzled rows,
+// in two words: the high one (8-row group stride, swizzle mode) is fixed per row size, the low
+// one holds the address (bits 4..17) and the unused leading offset 1. Shared addresses stay
+// below 2^18, so a byte offset `off` (a multiple of 16) moves the low word by off / 16 without
+// a carry: the descriptors of a tile's k-steps and of the ring's stages are one base each plus
+// constants, added in the key loop instead of rebuilt from addresses (H200: the loop's head
+// held ~120 instructions of descriptor arithmetic per tile).
+__host__ __device__ constexpr uint32_t desc_hi(int row_bytes) {
+  return uint32_t((8 * row_bytes) >> 4) | (uint32_t(row_bytes == 128 ? 1 : 2) << 30);
 }
+__device__ __forceinline__ uint32_t desc_lo(uint32_t addr) {
+  return ((addr & 0x3ffff) >> 4) | (1u << 16);
+}
+__device__ __forceinline__ uint64_t make_desc(uint32_t lo, int row_bytes) {
+  return (uint64_t(desc_hi(row_bytes)) << 32) | lo;
+}
+__host__ __device__ constexpr uint32_t desc_step(int bytes) { return uint32_t(bytes) >> 4; }
 // The S accumulator chunk (8 columns) that holds the keys of softmax chunk c (0..15, keys
 // s_col_key(c, ...)): with the FP8 kernels' permuted K rows chunk 8j + G for c = 2G + j (TMA
 // copy j of the tile fills shared K rows 64j..64j+63), natural order otherwise.
@@ -314,11 +367,13 @@ struct Smem {
   // float4s are contiguous, conflict-free. Found from threadIdx at each use (a pointer kept
   // live across the key loop made the D = 64 kernel spill).
   __device__ float4* o_home() const {
-    const int wg = int(threadIdx.x) / kWgThreads - 1, tid = int(threadIdx.x) % kWgThreads;
+    const int wg = int(threadIdx.x) / kWgThreads - T::kProducerWgs;
+    const int tid = int(threadIdx.x) % kWgThreads;
     return reinterpret_cast<float4*>(base + T::kOHomeOffset) + wg * (kWgRows * T::kDim / 4) + tid;
   }
   __device__ float2* o_home_max() const {
-    return reinterpret_cast<float2*>(base + T::kOHomeMaxOffset) + int(threadIdx.x) - kWgThreads;
+    return reinterpret_cast<float2*>(base + T::kOHomeMaxOffset) + int(threadIdx.x) -
+           T::kProducerWgs * kWgThreads;
   }
   __device__ uint32_t bar(int i) const { return smem_u32(base + T::kBarOffset + 8 * i); }
   __device__ uint32_t full_q() const { return bar(0); }
@@ -358,34 +413,50 @@ struct Maps {
   CUtensorMap q, k, v;
 };
 
-// One thread: the Q tile, then each K/V tile once its stage is free. Boxes past the tensor
-// bounds are zero-filled and still count their whole size in transaction bytes.
 template <class T>
-__device__ void produce(const Maps& m, const Work& w, const Smem<T>& sm) {
+__device__ __forceinline__ void load_q(const Maps& m, const Work& w, const Smem<T>& sm) {
   tma_prefetch(&m.q);
   tma_prefetch(&m.k);
   tma_prefetch(&m.v);
   mbar_expect_tx(sm.full_q(), T::kQBytes);
   tma_load_3d(smem_u32(sm.q()), &m.q, sm.full_q(), w.hq * T::kDim, w.q0, w.b);
+}
+// The copies of key tile j's K (and V) into its stage. Boxes past the tensor bounds are
+// zero-filled and still count their whole size in transaction bytes.
+template <class T>
+__device__ __forceinline__ void load_k(const Maps& m, const Work& w, const Smem<T>& sm, int j) {
+  const int s = j % T::kStages, key0 = j * kBlockN;
+  mbar_expect_tx(sm.full_k(s), T::kKBytes);
+  if constexpr (T::kPv16) {
+    tma_load_3d(smem_u32(sm.k(s)), &m.k, sm.full_k(s), w.hkv * T::kDim, key0, w.b);
+  } else {
+    // FP8 P.V: copy i gets keys 16G + 4t + 2i + e into shared rows 64i + 8G + 2t + e.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      tma_load_5d(smem_u32(sm.k(s) + i * (kBlockN / 2) * T::kDim), &m.k, sm.full_k(s),
+                  w.hkv * T::kDim, 2 * i, 0, key0 / 16, w.b);
+  }
+}
+template <class T>
+__device__ __forceinline__ void load_v(const Maps& m, const Work& w, const Smem<T>& sm, int j) {
+  const int s = j % T::kStages, key0 = j * kBlockN;
+  mbar_expect_tx(sm.full_v(s), T::kVBytes);
+#pragma unroll
+  for (int part = 0; part < T::kVParts; ++part)
+    tma_load_3d(smem_u32(sm.v(s) + part * T::kVPartBytes), &m.v, sm.full_v(s),
+                key0 + part * (kBlockN / T::kVParts), w.hkv * T::kDim, w.b);
+}
+
+// The producer warpgroup's one thread (overlapped schedule): the Q tile, then each K/V tile
+// once its stage is free.
+template <class T>
+__device__ void produce(const Maps& m, const Work& w, const Smem<T>& sm) {
+  load_q(m, w, sm);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int s = j % T::kStages;
     if (j >= T::kStages) mbar_wait(sm.empty(s), ((j / T::kStages) - 1) & 1);
-    const int key0 = j * kBlockN;
-    mbar_expect_tx(sm.full_k(s), T::kKBytes);
-    if constexpr (T::kPv16) {
-      tma_load_3d(smem_u32(sm.k(s)), &m.k, sm.full_k(s), w.hkv * T::kDim, key0, w.b);
-    } else {
-      // FP8 P.V: copy i gets keys 16G + 4t + 2i + e into shared rows 64i + 8G + 2t + e.
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        tma_load_5d(smem_u32(sm.k(s) + i * (kBlockN / 2) * T::kDim), &m.k, sm.full_k(s),
-                    w.hkv * T::kDim, 2 * i, 0, key0 / 16, w.b);
-    }
-    mbar_expect_tx(sm.full_v(s), T::kVBytes);
-#pragma unroll
-    for (int part = 0; part < T::kVParts; ++part)
-      tma_load_3d(smem_u32(sm.v(s) + part * T::kVPartBytes), &m.v, sm.full_v(s),
-                  key0 + part * (kBlockN / T::kVParts), w.hkv * T::kDim, w.b);
+    load_k(m, w, sm, j);
+    load_v(m, w, sm, j);
   }
 }
 
@@ -408,9 +479,23 @@ struct Consumer {
 // (H200, B1 H24 D128: 728 -> 750 TFLOPS at S 16k, 777 -> 792 at 32k; same bits).
 constexpr int kMaxAbsScore = 128 * 128 * SAGE_MAX_HEAD_DIM;  // |q8 . k8| over Dp channels
 static_assert(kMaxAbsScore < (1 << 22), "scores must stay below 2^22 for score_f32");
-__device__ __forceinline__ float score_f32(int s) {
-  return __int_as_float(s + 0x4B400000) - 12582912.0f;
-}
+constexpr int kScoreBiasBits = 0x4B400000;  // the float 1.5 * 2^23
+constexpr float kScoreBias = 12582912.0f;
+__device__ __forceinline__ float score_biased(int s) { return __int_as_float(s + kScoreBiasBits); }
+__device__ __forceinline__ float score_f32(int s) { return score_biased(s) - kScoreBias; }
+
+// Traits::kFoldScoreBias: the exponent's argument s * sc + neg in one FFMA of the biased score,
+// (1.5 * 2^23 + s) * sc + (neg - 1.5 * 2^23 * sc), the bias's product folded into a
+// per-(block, row) addend (8 FFMAs a tile instead of an FADD per score: H200, the serial D =
+// 128 kernel, sage_core 786 -> 889 TFLOPS at S 16k, 807 -> 861 at 32k, in two runs). The addend
+// is rounded once: an absolute error up to 2^-24 * 1.5 * 2^23 * sc = 0.75 sc in the log2
+// domain, shared by a block's 32 keys. Only tiles whose every scale is below kFoldMaxScale
+// fold (a warp-uniform choice): there P moves by a factor within 2^(+-0.00073), far inside its
+// e4m3 rounding (randn inputs have sc ~ 2e-4; Q and K block maxima up to ~11 stay below).
+// Larger scales (outlier channels, 1e4-sized activations, NaN) take the exact two-step path;
+// without that guard the row maximum's numerator could land anywhere near 2^(+-0.75 sc) and
+// overflow.
+constexpr float kFoldMaxScale = 1.0f / 1024;
 
 // The factor that takes a sum kept at running max m_from (log2 units) to running max m_to:
 // exp2(m_from - m_to), and 0 for an empty sum (m_from = -inf; m_to = -inf too while a row has
@@ -420,9 +505,9 @@ __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
 }
 
 // The K scales of the tile at key0 (its four 32-key blocks; 0 past kv_len_pad). Traits::
-// kEarlyKScales loads them at the top of the tile's loop step, before the barrier waits and the
-// wgmma issue: the softmax needs them right after the QK wait, and a load issued there exposes
-// its whole latency (the wgmma fences and waits are compiler barriers: no hoisting).
+// kEarlyKScales loads them one loop step ahead: the softmax needs them right after the QK wait,
+// and a load issued after it exposes its whole latency (the wgmma fences and waits are compiler
+// barriers: no hoisting).
 constexpr int kScaleBlocksPerTile = kBlockN / SAGE_SCALE_BLOCK;
 __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
                                               float (&ks)[kScaleBlocksPerTile]) {
@@ -441,8 +526,8 @@ __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
 // either way) and round-to-nearest is monotonic, so max(RN(s * sc)) = RN(max(s) * sc), the same
 // bits as scaling every score first. The exponent's argument is then one FFMA, s * sc + neg,
 // with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
-// at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles keep the
-// per-score path: -inf must go in before the maximum. ks: the tile's K scales (load_k_scales).
+// at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles take the same
+// steps over their kept keys (`kept`). ks: the tile's K scales (load_k_scales).
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
                                              int key0, const float (&ks)[kScaleBlocksPerTile],
@@ -452,37 +537,33 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) sc[blk] = c.qs * ks[blk];
   // Score i = 4 * ch + 2 * h + e of the thread (row half h, chunk ch, element e).
   const auto score = [&](int i) { return s[4 * s_chunk<!T::kPv16>(i >> 2) + (i & 3)]; };
+  // Masked tiles run the same steps with each score's key kept or not: a block's maximum over
+  // its kept scores (INT_MIN: none kept; |s| < 2^22 never is INT_MIN), and 0 as the numerator of
+  // a masked key (what exp2(-inf) gave). One code path keeps the masked tiles' registers those
+  // of the unmasked ones (the serial kernel has no more to spare).
+  const auto kept = [&](int i) {
+    if constexpr (!kMasked) return true;
+    const int key = key0 + s_col_key<!T::kPv16>(i >> 2, c.t, i & 1);
+    const int row = c.row0 + 8 * ((i >> 1) & 1);
+    return key < p.kv_len && !(p.mask == SAGE_MASK_CAUSAL && key > row);
+  };
   float mx[2] = {-INFINITY, -INFINITY};
-  if constexpr (!kMasked) {
+  {
     int block_max[4][2];
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk) block_max[blk][0] = block_max[blk][1] = INT_MIN;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       int& bm = block_max[i >> 4][(i >> 1) & 1];
-      bm = max(bm, score(i));
+      if (kept(i)) bm = max(bm, score(i));
     }
 #pragma unroll
     for (int blk = 0; blk < 4; ++blk)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], float(block_max[blk][h]) * sc[blk]);
-  } else {
-#pragma unroll
-    for (int ch = 0; ch < 16; ++ch) {
-#pragma unroll
       for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int i = 4 * ch + 2 * h + e;
-          float v = score_f32(score(i)) * sc[ch >> 2];
-          const int key = key0 + s_col_key<!T::kPv16>(ch, c.t, e);
-          const int row = c.row0 + 8 * h;
-          if (key >= p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key > row)) v = -INFINITY;
-          f[i] = v;
-          mx[h] = fmaxf(mx[h], v);
-        }
+        const int bm = block_max[blk][h];
+        if (!kMasked || bm != INT_MIN) mx[h] = fmaxf(mx[h], float(bm) * sc[blk]);
       }
-    }
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -497,18 +578,35 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
     c.m[h] = mn;
     neg[h] = kExpOffset - (mn == -INFINITY ? 0.0f : mn);
   }
-  float sum[2] = {0.0f, 0.0f};
+  // Each row half's sum in four partial chains (chunk ch goes to chain ch % 4): one chain of 32
+  // dependent FADDs waited out the FADD latency at every step.
+  float sum[2][4] = {};
+  const bool fold =
+      T::kFoldScoreBias &&
+      __all_sync(0xffffffffu, fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3])) < kFoldMaxScale);
+  if (fold) {
+    float add[2];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) {
-    const int h = (i >> 1) & 1;
-    if constexpr (kMasked)
-      f[i] = ex2(f[i] + neg[h]);
-    else
+    for (int i = 0; i < 64; ++i) {
+      const int h = (i >> 1) & 1;
+      if (i % 16 == 0)  // a block's two addends, formed at its first score
+        for (int r = 0; r < 2; ++r) add[r] = fmaf(-kScoreBias, sc[i >> 4], neg[r]);
+      f[i] = ex2(fmaf(score_biased(score(i)), sc[i >> 4], add[h]));
+      if (!kept(i)) f[i] = 0.0f;
+      sum[h][(i >> 2) & 3] += f[i];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int h = (i >> 1) & 1;
       f[i] = ex2(fmaf(score_f32(score(i)), sc[i >> 4], neg[h]));
-    sum[h] += f[i];
+      if (!kept(i)) f[i] = 0.0f;
+      sum[h][(i >> 2) & 3] += f[i];
+    }
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) c.l[h] = c.l[h] * alpha[h] + sum[h];
+  for (int h = 0; h < 2; ++h)
+    c.l[h] = c.l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
 }
 
 // P (f32, the softmax numerators) -> e4m3 (or FP16) A fragments of the PV wgmma. Runs only once no
@@ -544,20 +642,28 @@ __device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::k
 }
 
 // Descriptors of one tile's wgmmas, computed before the wgmma fence (ptxas serializes wgmmas
-// whose inputs are defined inside the pipeline stage).
+// whose inputs are defined inside the pipeline stage) from the low words of the CTA's Q slice
+// and of stage 0's K and V (DescBase, found once).
+struct DescBase {
+  uint32_t q, k, v;
+};
+template <class T>
+__device__ __forceinline__ DescBase desc_base(const Smem<T>& sm, int wg) {
+  return {desc_lo(smem_u32(sm.q() + wg * kWgRows * T::kDim)), desc_lo(smem_u32(sm.k(0))),
+          desc_lo(smem_u32(sm.v(0)))};
+}
 template <class T>
 struct QkDesc {
   uint64_t a[T::kDim / 32], b[T::kDim / 32];
 };
 template <class T>
-__device__ __forceinline__ QkDesc<T> qk_desc(const Smem<T>& sm, int wg, int stage) {
+__device__ __forceinline__ QkDesc<T> qk_desc(const DescBase& base, int stage) {
   QkDesc<T> d;
-  const uint32_t qa = smem_u32(sm.q() + wg * kWgRows * T::kDim);
-  const uint32_t ka = smem_u32(sm.k(stage));
+  const uint32_t k = base.k + uint32_t(stage) * desc_step(T::kStageBytes);
 #pragma unroll
   for (int kb = 0; kb < T::kDim / 32; ++kb) {
-    d.a[kb] = make_desc(qa + 32 * kb, T::kDim);
-    d.b[kb] = make_desc(ka + 32 * kb, T::kDim);
+    d.a[kb] = make_desc(base.q + desc_step(32 * kb), T::kDim);
+    d.b[kb] = make_desc(k + desc_step(32 * kb), T::kDim);
   }
   return d;
 }
@@ -576,18 +682,18 @@ struct PvDesc {
   uint64_t b[T::kPvSteps];
 };
 template <class T>
-__device__ __forceinline__ PvDesc<T> pv_desc(const Smem<T>& sm, int stage) {
+__device__ __forceinline__ PvDesc<T> pv_desc(const DescBase& base, int stage) {
   PvDesc<T> d;
-  const uint32_t va = smem_u32(sm.v(stage));
+  const uint32_t v = base.v + uint32_t(stage) * desc_step(T::kStageBytes);
   // Each k step reads 32 bytes of every V row: k step kb lies in 128-byte part
   // kb / kStepsPerPart at byte 32 * (kb % kStepsPerPart) (one part for FP8).
   constexpr int kStepBytes = 32;
   constexpr int kStepsPerPart = kSwizzleBytes / kStepBytes;
 #pragma unroll
   for (int kb = 0; kb < T::kPvSteps; ++kb)
-    d.b[kb] =
-        make_desc(va + (kb / kStepsPerPart) * T::kVPartBytes + kStepBytes * (kb % kStepsPerPart),
-                  kSwizzleBytes);
+    d.b[kb] = make_desc(
+        v + desc_step((kb / kStepsPerPart) * T::kVPartBytes + kStepBytes * (kb % kStepsPerPart)),
+        kSwizzleBytes);
   return d;
 }
 // restart: O = P . V, dropping what O held (it is in O's home); otherwise O += P . V.
@@ -655,36 +761,11 @@ __device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, i
   return key0 + kBlockN > p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
 }
 
+// The overlapped key loop (Traits::kSerial false): QK of tile j in flight with PV of tile j-1.
 template <class T>
-__device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, int wg, int tid) {
-  Consumer<T> c;
-  const int lane = tid & 31;
-  c.warp = (tid >> 5) & 3;
-  c.g = lane >> 2;
-  c.t = lane & 3;
-  const int wg_row0 = w.q0 + wg * kWgRows;
-  c.row0 = wg_row0 + 16 * c.warp + c.g;
-  const int64_t hq_lin = head_index(p.heads_q, w.b, w.hq);
-  const int64_t hkv_lin = head_index(p.heads_kv, w.b, w.hkv);
-  c.qs = c.row0 < p.q_len_pad ? p.q_scale[qk_scale_offset(hq_lin, p.q_len_pad, c.row0)] : 0.0f;
-  SageParams pk = p;  // k_scale of this kv head, kv_len of this entry (the masks' bound)
-  pk.k_scale = p.k_scale + hkv_lin * scale_blocks(p.kv_len_pad);
-  pk.kv_len = w.kv_len;
-  c.m[0] = c.m[1] = -INFINITY;
-  c.l[0] = c.l[1] = 0.0f;
-#pragma unroll
-  for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] = 0.0f;
-  // O's home, where O will move (a key loop longer than kOHomeTiles tiles), starts empty:
-  // zeros (shared memory may hold NaN bit patterns, and 0 * NaN is NaN) at running max -inf.
-  const bool o_home_used = T::kOHomeTiles > 0 && w.n_tiles > T::kOHomeTiles;
-  if (o_home_used) {
-    float4* const home = sm.o_home();
-#pragma unroll
-    for (int q = 0; q < Consumer<T>::kOAcc / 4; ++q)
-      home[q * kWgThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    *sm.o_home_max() = make_float2(-INFINITY, -INFINITY);
-  }
-
+__device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const Work& w,
+                                                    const Smem<T>& sm, Consumer<T>& c, int wg,
+                                                    int wg_row0, int lane) {
   int s[64];
   float alpha[2];
   // Turns (T::kPingPong): each warpgroup issues n_tiles + 1 wgmma blocks (QK of tile 0, one
@@ -698,13 +779,15 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     if constexpr (T::kPingPong) named_arrive(1 + (wg ^ 1));
   };
   if (T::kPingPong && wg == 1) named_arrive(1);
-  float ks[kScaleBlocksPerTile];
+  const DescBase db = desc_base(sm, wg);
+  float ks[kScaleBlocksPerTile], ks_next[kScaleBlocksPerTile];
   load_k_scales(pk, 0, ks);
+  if constexpr (T::kEarlyKScales) load_k_scales(pk, kBlockN, ks_next);
   mbar_wait(sm.full_q(), 0);
   // Tile 0.
   mbar_wait(sm.full_k(0), 0);
   {
-    QkDesc<T> qd = qk_desc(sm, wg, 0);
+    QkDesc<T> qd = qk_desc<T>(db, 0);
     reg_fence(qd.a);
     reg_fence(qd.b);
     my_turn();
@@ -725,11 +808,15 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   for (int j = 1; j < w.n_tiles; ++j) {
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
     const int key0 = j * kBlockN;
-    if constexpr (T::kEarlyKScales) load_k_scales(pk, key0, ks);
+    if constexpr (T::kEarlyKScales) {
+#pragma unroll
+      for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) ks[blk] = ks_next[blk];
+      load_k_scales(pk, key0 + kBlockN, ks_next);
+    }
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
-    QkDesc<T> qd = qk_desc(sm, wg, st);
-    PvDesc<T> vd = pv_desc(sm, prev);
+    QkDesc<T> qd = qk_desc<T>(db, st);
+    PvDesc<T> vd = pv_desc<T>(db, prev);
     reg_fence(qd.a);
     reg_fence(qd.b);
     reg_fence(vd.b);
@@ -768,7 +855,7 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
   {
     const int last = (w.n_tiles - 1) % T::kStages;
     mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
-    PvDesc<T> vd = pv_desc(sm, last);
+    PvDesc<T> vd = pv_desc<T>(db, last);
     reg_fence(vd.b);
     reg_fence(c.pa);
     reg_fence(c.o);
@@ -781,6 +868,98 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
     reg_fence(c.o);
     if (lane == 0) mbar_arrive(sm.empty(last));
   }
+}
+
+// The serial key loop (Traits::kSerial): per tile QK, softmax and PV in turn, nothing in
+// flight across the softmax. Thread 0 refills the CTA's one stage: the next K once this
+// tile's QK retired, the next V once its PV did (a wgmma is one operation of the whole
+// warpgroup: its retirement in one warp is the end of its shared-memory reads). O moves to its
+// home at the top of a step, before the QK, where S's registers are not live yet.
+template <class T>
+__device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps& maps,
+                                                const Work& w, const Smem<T>& sm, Consumer<T>& c,
+                                                int wg_row0, int tid) {
+  const DescBase db = desc_base(sm, 0);
+  int s[64];
+  float alpha[2], f[64], ks[kScaleBlocksPerTile];
+  mbar_wait(sm.full_q(), 0);
+  for (int j = 0; j < w.n_tiles; ++j) {
+    const int phase = j & 1, key0 = j * kBlockN;
+    const bool refill = tid == 0 && j + 1 < w.n_tiles;
+    if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
+    load_k_scales(pk, key0, ks);
+    mbar_wait(sm.full_k(0), phase);
+    {
+      QkDesc<T> qd = qk_desc<T>(db, 0);
+      reg_fence(qd.a);
+      reg_fence(qd.b);
+      wgmma_fence();
+      issue_qk<T>(qd, s);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(s);
+    if (refill) load_k(maps, w, sm, j + 1);
+    if (tile_needs_mask<T>(pk, key0, wg_row0))
+      softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
+    else
+      softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
+    pack_p<T>(f, c.pa);  // first: f's registers die before O's rescale
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
+    }
+    mbar_wait(sm.full_v(0), phase);
+    {
+      PvDesc<T> vd = pv_desc<T>(db, 0);
+      reg_fence(vd.b);
+      reg_fence(c.pa);
+      reg_fence(c.o);
+      wgmma_fence();
+      issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(j));
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(c.o);
+    if (refill) load_v(maps, w, sm, j + 1);
+  }
+}
+
+template <class T>
+__device__ void consume(const SageParams& p, const Maps& maps, const Work& w, const Smem<T>& sm,
+                        int wg, int tid) {
+  Consumer<T> c;
+  const int lane = tid & 31;
+  c.warp = (tid >> 5) & 3;
+  c.g = lane >> 2;
+  c.t = lane & 3;
+  const int wg_row0 = w.q0 + wg * kWgRows;
+  c.row0 = wg_row0 + 16 * c.warp + c.g;
+  const int64_t hq_lin = head_index(p.heads_q, w.b, w.hq);
+  const int64_t hkv_lin = head_index(p.heads_kv, w.b, w.hkv);
+  c.qs = c.row0 < p.q_len_pad ? p.q_scale[qk_scale_offset(hq_lin, p.q_len_pad, c.row0)] : 0.0f;
+  SageParams pk = p;  // k_scale of this kv head, kv_len of this entry (the masks' bound)
+  pk.k_scale = p.k_scale + hkv_lin * scale_blocks(p.kv_len_pad);
+  pk.kv_len = w.kv_len;
+  c.m[0] = c.m[1] = -INFINITY;
+  c.l[0] = c.l[1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] = 0.0f;
+  // O's home, where O will move (a key loop longer than kOHomeTiles tiles), starts empty:
+  // zeros (shared memory may hold NaN bit patterns, and 0 * NaN is NaN) at running max -inf.
+  const bool o_home_used = T::kOHomeTiles > 0 && w.n_tiles > T::kOHomeTiles;
+  if (o_home_used) {
+    float4* const home = sm.o_home();
+#pragma unroll
+    for (int q = 0; q < Consumer<T>::kOAcc / 4; ++q)
+      home[q * kWgThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    *sm.o_home_max() = make_float2(-INFINITY, -INFINITY);
+  }
+
+  if constexpr (T::kSerial)
+    key_loop_serial<T>(pk, maps, w, sm, c, wg_row0, tid);
+  else
+    key_loop_overlapped<T>(pk, w, sm, c, wg, wg_row0, lane);
   if (o_home_used) merge_o_home<T, false>(sm, c);
 
   // Epilogue: full row sums over the quad, O = acc / l * v_scale saturated (output_value: the
@@ -839,12 +1018,14 @@ __device__ void consume(const SageParams& p, const Work& w, const Smem<T>& sm, i
 }
 
 template <class T>
-__global__ void __launch_bounds__(T::kThreads, 1)
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     attention_kernel(const __grid_constant__ SageParams p, const __grid_constant__ Maps maps) {
   extern __shared__ uint8_t smem_raw[];
   Smem<T> sm;
-  sm.base =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // Aligned by an offset from the shared array itself (not through an integer cast), so that the
+  // compiler keeps the shared state space: O's home is read and written with LDS/STS, not
+  // generic LD/ST (which wait on the long scoreboard).
+  sm.base = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
   const Work w = work_of<T>(p);
   const int tid = int(threadIdx.x);
   const int wg = tid / kWgThreads;
@@ -858,12 +1039,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if (wg == 0) {
+  if constexpr (T::kSerial) {  // no producer: thread 0 issues the first copies itself
+    if (tid == 0) {
+      load_q(maps, w, sm);
+      load_k(maps, w, sm, 0);
+      load_v(maps, w, sm, 0);
+    }
+    consume<T>(p, maps, w, sm, 0, tid);
+  } else if (wg == 0) {
     set_max_regs_dec<kProducerRegs>();
     if (tid == 0) produce<T>(maps, w, sm);
   } else {
     set_max_regs_inc<T::kConsumerRegs>();
-    consume<T>(p, w, sm, wg - 1, tid - kWgThreads);
+    consume<T>(p, maps, w, sm, wg - 1, tid - kWgThreads);
   }
 }
 
@@ -965,6 +1153,10 @@ int launch(const SageParams& p, cudaStream_t stream) {
   if (!configured) {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+    // Several CTAs per SM (the serial kernel) need the largest shared-memory carve-out.
+    if (e == cudaSuccess && T::kCtasPerSm > 1)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
     if (e != cudaSuccess)
       return sage::set_error("sage_attention_launch: cannot reserve %d bytes of shared memory: %s",
                              T::kSmemBytes, cudaGetErrorString(e));
@@ -1009,20 +1201,30 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
         "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
-  // AITER_SAGE_CUDA_PINGPONG=1 (measurements only, FP8 P.V kernels): the consumer warpgroups
-  // take turns issuing their wgmmas. Off by default: on an H200 (TMA producer) it measured
-  // 5.11 vs 4.69-4.75 ms at S = 16k, D = 128 and 4.42 vs 4.37-4.40 ms at D = 64 (a loss; with
-  // the cp.async producer: 5.76 vs 5.78 ms and 5.03 vs 4.82 ms).
-  static const bool pingpong = [] {
-    const char* e = getenv("AITER_SAGE_CUDA_PINGPONG");
-    return e && e[0] == '1';
+  // AITER_SAGE_CUDA_SCHEDULE (measurements only): `overlap` runs the D = 128 FP8 kernel with the
+  // overlapped schedule instead of the serial one (Traits::kSerial has why); `pingpong` the
+  // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
+  // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
+  // 4.37-4.40 ms at D = 64). Read once per process.
+  static const int schedule = [] {
+    const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
+    if (!e || !*e || strcmp(e, "default") == 0) return 0;
+    return strcmp(e, "overlap") == 0 ? 1 : strcmp(e, "pingpong") == 0 ? 2 : -1;
   }();
-  // The one place where the head dim, the P.V mode and the ping-pong schedule become template
-  // arguments (sage/static_switch.h). FP16 P.V has no ping-pong variant: kPing folds into it.
+  if (schedule < 0)
+    return sage::set_error(
+        "sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes default, overlap or "
+        "pingpong",
+        getenv("AITER_SAGE_CUDA_SCHEDULE"));
+  const bool pingpong = schedule == 2, overlap = schedule != 0;
+  // The one place where the head dim, the P.V mode and the schedule become template arguments
+  // (sage/static_switch.h). FP16 P.V has no ping-pong variant: kPing folds into it.
   return SAGE_BOOL_SWITCH(p.pv_dtype == SAGE_PV_FP16, kPv16, [&] {
     return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kDp, [&] {
       return SAGE_BOOL_SWITCH(pingpong, kPing, [&] {
-        return launch<s9::Traits<kDp, 4, kPing && !kPv16, kPv16>>(p, st);
+        return SAGE_BOOL_SWITCH(overlap, kOver, [&] {
+          return launch<s9::KernelTraits<kDp, kPv16, kPing, kOver>>(p, st);
+        });
       });
     });
   });

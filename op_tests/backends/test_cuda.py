@@ -72,34 +72,48 @@ def _frames(log: str) -> dict[str, tuple[int, int, int]]:
     return {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
 
 
-def _kernels(ptx: str) -> dict[tuple[int, bool], str]:
-    """(head dim, FP16 P.V) -> the PTX of the non-ping-pong attention kernel of that variant,
-    from the mangled names of attention_kernel<Traits<kDp, kStages, kPingPong, kPv16>>."""
+def _kernels(ptx: str) -> dict[tuple[int, bool, bool], str]:
+    """(head dim, FP16 P.V, serial schedule) -> the PTX of the non-ping-pong attention kernel of
+    that variant, from the mangled names of attention_kernel<Traits<kDp, kStages, kPingPong,
+    kPv16, kWgs, kOHomeTiles, kSerial>>."""
     found = {}
     for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
-        m = re.match(r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])E", part)
+        m = re.match(
+            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi\d+ELi\d+ELb([01])E",
+            part,
+        )
         assert m, part[:200]
         if m.group(2) == "0":
-            found[(int(m.group(1)), m.group(3) == "1")] = part
+            found[(int(m.group(1)), m.group(3) == "1", m.group(4) == "1")] = part
     return found
 
 
 def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
     kernels = _kernels(ptx)
-    assert set(kernels) == {(64, False), (128, False), (64, True), (128, True)}
+    # the default D = 128 FP8 kernel is the serial one; the overlapped one stays for the
+    # AITER_SAGE_CUDA_SCHEDULE knob
+    assert set(kernels) == {
+        (64, False, False), (128, False, True), (128, False, False), (64, True, False),
+        (128, True, False),
+    }  # fmt: skip
     wgmma = r"wgmma\.mma_async\.sync\.aligned\."
-    for (d, fp16_pv), body in kernels.items():
+    for (d, fp16_pv, serial), body in kernels.items():
         assert re.search(wgmma + r"m64n128k32\.s32\.s8\.s8", body), d  # Q.K^T
         pv = rf"m64n{d}k16\.f32\.f16\.f16" if fp16_pv else rf"m64n{d}k32\.f32\.e4m3\.e4m3"
         other = rf"m64n{d}k32\.f32\.e4m3" if fp16_pv else rf"m64n{d}k16\.f32\.f16"
         assert re.search(wgmma + pv, body), (d, fp16_pv)
         assert not re.search(wgmma + other, body), (d, fp16_pv)  # one P.V mode per kernel
         assert ("e4m3x2" in body) != fp16_pv  # P is rounded to e4m3 in the FP8 kernels only
-        # K/V/Q tiles arrive by TMA (tensor maps) on mbarriers; the warpgroups' registers move
+        # K/V/Q tiles arrive by TMA (tensor maps) on mbarriers
         assert "cp.async.bulk.tensor.5d" in body or fp16_pv, (d, fp16_pv)  # permuted K rows
         assert "cp.async.bulk.tensor.3d" in body and "expect_tx" in body, (d, fp16_pv)
-        assert "setmaxnreg" in body and "cp.async.cg" not in body, (d, fp16_pv)
+        assert "cp.async.cg" not in body, (d, fp16_pv)
+        # the overlapped kernels' producer warpgroup hands its registers to the consumers; the
+        # serial one has no producer and sizes for three CTAs per SM
+        assert ("setmaxnreg" in body) != serial, (d, fp16_pv, serial)
+        if serial:
+            assert re.search(r"\.minnctapersm 3", body), d
 
 
 def test_attention_has_no_spills(attention_build):

@@ -16,7 +16,9 @@ BENCH = REPO / "op_benchmarks" / "bench_gfx1201_sage_attention.py"
 TINY = ["-b", "1", "-s", "96", "--warmup", "0", "--iters", "1", "--rounds", "1"]
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path, *extra, in_band=True):
+    """The rows of one tiny run; `in_band=False`: the run must report an output outside the
+    band (exit 1, the rows still written)."""
     out = tmp_path / "rows.csv"
     proc = subprocess.run(
         [sys.executable, str(BENCH), *TINY, "--compare_to_ref", "-o", str(out), *extra],
@@ -24,7 +26,7 @@ def _run(tmp_path, *extra):
         text=True,
         timeout=600,
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == (0 if in_band else 1), proc.stdout + proc.stderr
     with open(out) as f:
         return list(csv.DictReader(f))
 
@@ -52,6 +54,47 @@ def test_problem_options_are_columns(tmp_path, options, expect):
     for r in rows:
         assert {k: r[k] for k in expect} == expect, r
     assert rows[-1]["provider"] == f"sdpa_{expect.get('dtype', 'bf16')}"
+
+
+def test_dit_inputs_are_where_smoothing_matters(tmp_path):
+    """--dit gives every key of a head one large per-channel offset and a few outlier query
+    channels. There our output leaves the accuracy band without --smooth_k (the offset is what
+    K's INT8 scale loses to; the benchmark says FAIL) and is back in it with smoothing; both
+    settings are CSV columns."""
+    sys.path.insert(0, str(BENCH.parent))
+    import bench_gfx1201_sage_attention as bench
+
+    q, k, _ = bench.make_inputs(1, 2, 512, "cpu", dit=True)
+    offset = k.float().mean(dim=1)  # [1, H, D]: per-channel mean over the keys
+    spread = (k.float() - offset[:, None]).std()
+    assert offset.abs().mean() > 2 * spread  # a shared offset several times the keys' spread
+    q_std = q.float().std(dim=(0, 1, 2))
+    outliers = (q_std > 4 * q_std.median()).sum().item()
+    assert outliers == bench.DIT_Q_OUTLIERS
+    plain = _run(tmp_path, "-n", "2", "--dit", "--providers", "sage", in_band=False)
+    smooth = _run(tmp_path, "-n", "2", "--dit", "--smooth_k", "--providers", "sage")
+    assert (plain[0]["dit"], plain[0]["smooth_k"], smooth[0]["smooth_k"]) == (
+        "True",
+        "False",
+        "True",
+    )
+    assert (plain[0]["in_band"], smooth[0]["in_band"]) == ("False", "True"), (plain, smooth)
+    assert float(smooth[0]["rel_l2"]) < float(plain[0]["rel_l2"]), (plain, smooth)
+
+
+def test_sage2_providers_say_why_they_are_absent(tmp_path):
+    """Without SageAttention2 (or off a Hopper GPU) the sage2 providers are left out with the
+    reason printed; the other providers still run."""
+    out = tmp_path / "rows.csv"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), *TINY, "-n", "2", "--providers", "sage", "sage2",
+         "sage2_nosmooth", "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sage2, sage2_nosmooth: skipped (needs SageAttention2" in proc.stdout
+    with open(out) as f:
+        assert [r["provider"] for r in csv.DictReader(f)] == ["sage"]
 
 
 def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):

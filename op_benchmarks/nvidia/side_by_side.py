@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Our cuda kernels beside SageAttention2's Hopper kernel and cuDNN, in one process, one timing
+method (bench_gfx1201_sage_attention.py's), at the shapes the README's NVIDIA table quotes.
+
+    python3 op_benchmarks/nvidia/side_by_side.py [-o rows.csv] [--quick]
+
+Speed rows: randn inputs, providers sage (prepare + attention), sage_core (attention alone),
+sage2 / sage2_nosmooth (SageAttention2 with its smooth_k on / off, quantization included) and
+sdpa_cudnn, every output scored against the FP32 reference. Accuracy rows (--dit): DiT-like
+inputs with smooth_k on both sides. Prints one markdown table per kind; the last column of the
+speed table is our full call's speedup over the faster SageAttention2 setting. Without the
+sageattention package the sage2 columns stay empty (the bench says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_gfx1201_sage_attention as bench  # noqa: E402
+
+# (label, B, H, S, D, causal)
+SHAPES = (
+    ("B1 H24 S4096 D128", 1, 24, 4096, 128, False),
+    ("B1 H24 S16384 D128", 1, 24, 16384, 128, False),
+    ("B1 H24 S32768 D128", 1, 24, 32768, 128, False),
+    ("B1 H24 S16384 D64", 1, 24, 16384, 64, False),
+    ("B1 H24 S16384 D128 causal", 1, 24, 16384, 128, True),
+    ("Flux 1024²: B1 H24 S4608", 1, 24, 4608, 128, False),
+    ("Wan-14B 480p: B1 H40 S32760", 1, 40, 32760, 128, False),
+    ("B4 H24 S4096", 4, 24, 4096, 128, False),
+)
+DIT_SHAPES = (
+    ("DiT-like B1 H24 S4096 D128", 1, 24, 4096, 128, False),
+    ("DiT-like B1 H24 S16384 D128", 1, 24, 16384, 128, False),
+)
+SPEED_PROVIDERS = ["sage", "sage_core", "sage2", "sage2_nosmooth", "sdpa_cudnn"]
+DIT_PROVIDERS = ["sage", "sage2"]
+
+
+def rows_for(shapes, providers, dit, rounds):
+    out = []
+    for label, b, h, s, d, causal in shapes:
+        args = parse_bench(b, h, s, d, causal, providers, dit, rounds)
+        for r in bench.run(args):
+            out.append({"shape": label, **r})
+            print(
+                f"# {label}: {r['provider']} {r['tflops']:.0f} TFLOPS, rel L2 {r['rel_l2']:.4f}",
+                flush=True,
+            )
+    return out
+
+
+def parse_bench(b, h, s, d, causal, providers, dit, rounds):
+    argv = ["--backend", "cuda", "-b", str(b), "-n", str(h), "-s", str(s), "--head_dim", str(d)]
+    argv += ["--providers", *providers, "--compare_to_ref", "--rounds", str(rounds)]
+    argv += ["--causal"] * causal + ["--dit", "--smooth_k"] * dit
+    return bench.parse_args(argv)
+
+
+def table(rows, providers, value, extra=()):
+    by = {}
+    for r in rows:
+        by.setdefault(r["shape"], {})[r["provider"]] = r
+    head = ["shape", *providers, *(name for name, _ in extra)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for shape, prov in by.items():
+        cells = [shape]
+        for p in providers:
+            cells.append(value(prov[p]) if p in prov else "–")
+        cells += [fn(prov) for _, fn in extra]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("-o", "--output", help="write every row as CSV")
+    ap.add_argument("--quick", action="store_true", help="S 16384 and 32768 only, 3 rounds")
+    ap.add_argument("--rounds", type=int, default=5)
+    a = ap.parse_args(argv)
+    shapes = (
+        [sh for sh in SHAPES if sh[3] in (16384, 32768) and sh[1:3] == (1, 24)]
+        if a.quick
+        else SHAPES
+    )
+    rounds = 3 if a.quick else a.rounds
+    speed = rows_for(shapes, SPEED_PROVIDERS, False, rounds)
+    dit = [] if a.quick else rows_for(DIT_SHAPES, DIT_PROVIDERS, True, rounds)
+
+    def vs_sage2(prov):
+        r = prov.get("sage", {})
+        return f"{r['speedup_vs_sage2']:.2f}×" if "speedup_vs_sage2" in r else "–"
+
+    def l2(name):
+        return lambda prov: f"{prov[name]['rel_l2']:.4f}" if name in prov else "–"
+
+    print("\nTFLOPS (our full call's speedup over the faster SageAttention2 setting; rel L2):")
+    print(
+        table(
+            speed,
+            SPEED_PROVIDERS,
+            lambda r: f"{r['tflops']:.0f}",
+            (("sage / SA2", vs_sage2), ("rel L2 sage", l2("sage")), ("rel L2 SA2", l2("sage2"))),
+        )
+    )
+    if dit:
+        print("\nDiT-like inputs, smooth_k on both sides: rel L2 (TFLOPS in brackets):")
+        print(table(dit, DIT_PROVIDERS, lambda r: f"{r['rel_l2']:.4f} ({r['tflops']:.0f})"))
+    if a.output:
+        rows = speed + dit
+        with open(a.output, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
+            w.writeheader()
+            w.writerows(rows)
+    ours = [r for r in speed + dit if r["provider"] in ("sage", "sage_core")]
+    return 0 if all(r.get("in_band", True) for r in ours) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
