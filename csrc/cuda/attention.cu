@@ -584,25 +584,25 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   const bool fold =
       T::kFoldScoreBias &&
       __all_sync(0xffffffffu, fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3])) < kFoldMaxScale);
+  // The numerators and their row sums, from the exponent's argument arg(i) of score i.
+  const auto numerators = [&](auto arg) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int h = (i >> 1) & 1;
+      f[i] = ex2(arg(i, h));
+      if (!kept(i)) f[i] = 0.0f;
+      sum[h][(i >> 2) & 3] += f[i];
+    }
+  };
   if (fold) {
     float add[2];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i >> 1) & 1;
+    numerators([&](int i, int h) {
       if (i % 16 == 0)  // a block's two addends, formed at its first score
         for (int r = 0; r < 2; ++r) add[r] = fmaf(-kScoreBias, sc[i >> 4], neg[r]);
-      f[i] = ex2(fmaf(score_biased(score(i)), sc[i >> 4], add[h]));
-      if (!kept(i)) f[i] = 0.0f;
-      sum[h][(i >> 2) & 3] += f[i];
-    }
+      return fmaf(score_biased(score(i)), sc[i >> 4], add[h]);
+    });
   } else {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i >> 1) & 1;
-      f[i] = ex2(fmaf(score_f32(score(i)), sc[i >> 4], neg[h]));
-      if (!kept(i)) f[i] = 0.0f;
-      sum[h][(i >> 2) & 3] += f[i];
-    }
+    numerators([&](int i, int h) { return fmaf(score_f32(score(i)), sc[i >> 4], neg[h]); });
   }
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -761,6 +761,30 @@ __device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, i
   return key0 + kBlockN > p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
 }
 
+// softmax_tile with the key/causal masks where the tile needs them (tile_needs_mask).
+template <class T>
+__device__ __forceinline__ void softmax_any_tile(const SageParams& pk, Consumer<T>& c, int (&s)[64],
+                                                 int key0, int wg_row0,
+                                                 const float (&ks)[kScaleBlocksPerTile],
+                                                 float (&alpha)[2], float (&f)[64]) {
+  if (tile_needs_mask<T>(pk, key0, wg_row0))
+    softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
+  else
+    softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
+}
+
+// O *= alpha only where a row's running max moved (alpha = exp2(0) = 1 exactly otherwise, and
+// x * 1 = x): a warp-uniform branch, taken on a minority of tiles once the max has settled
+// (H200, B1 H24 D128: 718 -> 728 TFLOPS at S 16k, 757 -> 777 at 32k). No PV wgmma may be in
+// flight (O is its accumulator).
+template <class T>
+__device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
+  }
+}
+
 // The overlapped key loop (Traits::kSerial false): QK of tile j in flight with PV of tile j-1.
 template <class T>
 __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const Work& w,
@@ -799,10 +823,7 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
   wgmma_wait<0>();
   reg_fence(s);
   float f[64];
-  if (tile_needs_mask<T>(pk, 0, wg_row0))
-    softmax_tile<T, true>(pk, c, s, 0, ks, alpha, f);
-  else
-    softmax_tile<T, false>(pk, c, s, 0, ks, alpha, f);
+  softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f);
   pack_p<T>(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
@@ -832,22 +853,13 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
     if constexpr (!T::kEarlyKScales) load_k_scales(pk, key0, ks);
-    if (tile_needs_mask<T>(pk, key0, wg_row0))
-      softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
-    else
-      softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
+    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f);
     wgmma_wait<0>();
     reg_fence(c.o);
     reg_fence(c.pa);
     reg_fence(f);
     if (lane == 0) mbar_arrive(sm.empty(prev));
-    // O *= alpha only where a row's running max moved (alpha = exp2(0) = 1 exactly otherwise,
-    // and x * 1 = x): a warp-uniform branch, taken on a minority of tiles once the max has
-    // settled (H200, B1 H24 D128: 718 -> 728 TFLOPS at S 16k, 757 -> 777 at 32k).
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
-    }
+    rescale_o(c, alpha);
     pack_p<T>(f, c.pa);
     // After P's packing: f is dead there.
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
@@ -900,15 +912,9 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     wgmma_wait<0>();
     reg_fence(s);
     if (refill) load_k(maps, w, sm, j + 1);
-    if (tile_needs_mask<T>(pk, key0, wg_row0))
-      softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
-    else
-      softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
+    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f);
     pack_p<T>(f, c.pa);  // first: f's registers die before O's rescale
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
-    }
+    rescale_o(c, alpha);
     mbar_wait(sm.full_v(0), phase);
     {
       PvDesc<T> vd = pv_desc<T>(db, 0);
