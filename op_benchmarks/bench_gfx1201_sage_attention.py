@@ -207,12 +207,11 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None, s
             )  # fmt: skip
     if masked:
         kk, vk = k[:, :kept], v[:, :kept]
+        kept_kw = dict(pv_dtype=pv_dtype, backend=backend, smooth_k=smooth_k)
         calls["sage_kept"] = lambda: aiter_sage.gfx1201_sage_attention(
-            q, kk, vk, scale, is_causal=causal, pv_dtype=pv_dtype, backend=backend
+            q, kk, vk, scale, is_causal=causal, **kept_kw
         )
-        kept_prepared = aiter_sage.gfx1201_sage_prepare(
-            q, kk, vk, scale, pv_dtype=pv_dtype, backend=backend
-        )
+        kept_prepared = aiter_sage.gfx1201_sage_prepare(q, kk, vk, scale, **kept_kw)
         calls["sage_core_kept"] = lambda: aiter_sage.gfx1201_sage_attention_fwd(
             *kept_prepared, s, kv_len=kept, is_causal=causal, out_dtype=q.dtype, backend=backend
         )[:, :s, :, :d]

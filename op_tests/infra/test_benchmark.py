@@ -82,6 +82,17 @@ def test_dit_inputs_are_where_smoothing_matters(tmp_path):
     assert float(smooth[0]["rel_l2"]) < float(plain[0]["rel_l2"]), (plain, smooth)
 
 
+def test_smooth_k_reaches_the_kept_key_providers(tmp_path):
+    """--smooth_k with --mask-pad: the unmasked runs on the kept keys smooth too (on DiT-like
+    inputs they leave the band without it)."""
+    rows = _run(
+        tmp_path, "-n", "2", "--dit", "--smooth_k", "--mask-pad", "0.25",
+        "--providers", "sage", "sage_kept", "sage_core_kept",
+    )  # fmt: skip
+    assert [r["provider"] for r in rows] == ["sage", "sage_kept", "sage_core_kept"]
+    assert all(r["in_band"] == "True" and r["smooth_k"] == "True" for r in rows), rows
+
+
 def test_sage2_providers_say_why_they_are_absent(tmp_path):
     """Without SageAttention2 (or off a Hopper GPU) the sage2 providers are left out with the
     reason printed; the other providers still run."""
