@@ -178,6 +178,23 @@ def cpu_model(prepared, q_len: int, kv_len: int | None = None, **kw):
     return ref.attention_from_prepared(prepared, q_len, kv_len, fp8_p=False, int8_pv=int8, **kw)
 
 
+def child_json(script: str, *args: str, env=None, cwd=REPO, timeout=600):
+    """Runs `python -c script args` in a child process (its own environment, limits or crashes
+    stay there) and returns what its last stdout line holds as JSON; the child must exit 0."""
+    import json
+
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert r.returncode == 0, (r.returncode, r.stderr[-4000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_as_script(file: str) -> None:
     sys.exit(pytest.main([file, "-q", *sys.argv[1:]]))
 

@@ -13,10 +13,7 @@ modules it loaded).
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -25,7 +22,7 @@ import aiter_sage
 from aiter_sage import backends, ref
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import BACKENDS, REPO, run_as_script
+from common import BACKENDS, child_json, run_as_script
 
 KERNEL_MODULES = ("module_gfx1201_sage_prepare", "module_gfx1201_sage_attention")
 EXPECTED_TARGET = {"cpu": "target=cpu", "emu": "target=gfx12"}
@@ -192,16 +189,7 @@ def test_impossible_emulator_setting_is_a_python_error(variable, value, says):
     naming the variable, raised from the op (run in a child: the old stack behaviour kills it)."""
     require("emu")
     env = dict(os.environ, **{variable: value})
-    r = subprocess.run(
-        [sys.executable, "-c", STACK_SCRIPT],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = child_json(STACK_SCRIPT, env=env)
     assert res["error"] and f"{variable}={value} {says}" in res["error"], res
     assert res["type"] == "RuntimeError", res
 

@@ -15,7 +15,6 @@ Run: python -m pytest op_tests/backends/test_emu.py -q   or   python op_tests/ba
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -30,7 +29,7 @@ from aiter_sage import emu, jit_driver
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
 from common import REPO as ROOT
-from common import run_as_script
+from common import child_json, run_as_script
 
 PROBES = ROOT / "op_tests" / "emu_probes"
 WMMA_PROBE = PROBES / "wmma_probe.hip"
@@ -606,16 +605,7 @@ def test_lane_stacks_that_cannot_exist_fail_the_launch():
         _skip("clang++ not installed")
     _module(CHECKS_PROBE)  # built here, in the shared cache
     env = dict(os.environ, AITER_SAGE_LAZY_REGISTER="1")
-    r = subprocess.run(
-        [sys.executable, "-c", _STACK_SCRIPT, str(CHECKS_PROBE)],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = child_json(_STACK_SCRIPT, str(CHECKS_PROBE), env=env)
     for bad in ("2147483647", "abc", "8"):
         rc, error = res[bad]
         assert rc != 0 and f"AITER_SAGE_EMU_STACK_KB={bad} is not a lane stack size" in error, res

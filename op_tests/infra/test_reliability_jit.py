@@ -29,7 +29,7 @@ from aiter_sage.builder import cache as jit_cache
 from aiter_sage.builder import driver
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import REPO, run_as_script
+from common import REPO, child_json, run_as_script
 from test_jit import call_probe
 from test_jit import make_probe as _make_probe
 
@@ -250,16 +250,7 @@ def test_package_in_a_path_with_a_space(tmp_path):
         AITER_SAGE_IGNORE_PREBUILT="1",
     )
     env.pop("AITER_SAGE_BACKEND", None)
-    r = subprocess.run(
-        [sys.executable, "-c", PACKAGE_CALL],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-4000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
+    res = child_json(PACKAGE_CALL, env=env, cwd=tmp_path)
     assert res["pkg"] == str(root / "aiter_sage") and res["csrc"] == str(root / "csrc")
     assert res["shape"] == [1, 64, 1, 128] and res["cos"] > 0.99, res
     assert any("target=cpu" in m for m in res["modules"]), res
