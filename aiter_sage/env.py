@@ -65,7 +65,7 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar(
         "AITER_SAGE_CUDA_SCHEDULE",
         "`default`",
-        "(measurements only) the cuda kernels' schedule: `overlap` (the D 128 FP8 kernel "
+        "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
         "overlapped, not serial) or `pingpong` (overlapped, warpgroups taking turns)",
         ("csrc/cuda/attention.cu",),
     ),

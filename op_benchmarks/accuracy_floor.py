@@ -36,8 +36,13 @@ def exact_from_prepared(p, s: int, kv_tile: int = KV_TILE) -> torch.Tensor:
     q = p.q_int8.double().transpose(1, 2) * p.q_scale.double().repeat_interleave(blk, -1)[..., None]
     k = p.k_int8.double().transpose(1, 2) * p.k_scale.double().repeat_interleave(blk, -1)[..., None]
     v = ref.e4m3_decode(ref.fp8_bits(p.v_fp8)).double()[..., :s] * p.v_scale.double()[..., None]
-    v = v.transpose(-1, -2)  # [B, H, S, Dp]
-    q = q[..., :s, :]
+    return exact_from_dequantized(q[..., :s, :], k[..., :s, :], v.transpose(-1, -2), kv_tile)
+
+
+def exact_from_dequantized(q, k, v, kv_tile: int = KV_TILE) -> torch.Tensor:
+    """The online softmax of exact_from_prepared on dequantized float64 [B, H, S, Dp] Q (scores
+    in the log2 domain: Q carries softmax_scale * log2 e), K and V: [B, S, H, Dp]."""
+    s = k.shape[2]
     m = torch.full((*q.shape[:3], 1), -math.inf, dtype=torch.float64, device=q.device)
     l = torch.zeros_like(m)
     acc = torch.zeros_like(q)

@@ -9,12 +9,12 @@
 // the FP8 kernels are unchanged.
 //
 // Two schedules (Traits::kSerial has the measurements behind the choice):
-//   serial (FP8 P.V at D = 128, the default there): one CTA = 64 query rows of one (batch,
-//                    query head), one warpgroup, three CTAs per SM. Per KV tile: QK wgmma,
-//                    softmax, PV wgmma in turn; thread 0 copies the next K tile by TMA once
-//                    the QK retired and the next V tile once the PV did, into the CTA's one
-//                    shared-memory stage.
-//   overlapped (D = 64, FP16 P.V, and the measurement knobs): one CTA = 128 query rows, three
+//   serial (FP8 P.V, the default there): one CTA = 64 query rows of one (batch, query head),
+//                    one warpgroup, three CTAs per SM at Dp 128, four at Dp 64. Per KV tile:
+//                    QK wgmma, softmax, PV wgmma in turn; thread 0 copies the next K tile by
+//                    TMA once the QK retired and the next V tile once the PV did, into the
+//                    CTA's one shared-memory stage.
+//   overlapped (FP16 P.V, and the measurement knobs): one CTA = 128 query rows, three
 //                    warpgroups (the FP8 kernel at Dp 64: 192 rows, four; Traits::kWgs):
 //   warpgroup 0      producer: one thread issues TMA copies (cp.async.bulk.tensor, tensor maps
 //                    encoded on the host at each launch and passed as __grid_constant__
@@ -144,7 +144,8 @@ struct Traits {
                 "the serial schedule: one FP8 P.V warpgroup, one stage");
   static constexpr int kProducerWgs = kSerial ? 0 : 1;
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
-  static constexpr int kCtasPerSm = kSerial ? 3 : 1;  // __launch_bounds__' minimum
+  // __launch_bounds__' minimum: at D = 64 (O is 32 registers) four serial CTAs fit 128 each.
+  static constexpr int kCtasPerSm = kSerial ? (kDp == 64 ? 4 : 3) : 1;
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
@@ -190,19 +191,22 @@ struct Traits {
   // are multiples of it too).
   static_assert(kVPartBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kQBytes % 1024 == 0, "");
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KiB of shared memory");
+  // An SM has 228 KiB of shared memory, 1 KiB of each CTA's reserved by the system.
+  static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kCtasPerSm CTAs must fit");
 };
 
-// The kernel a call runs (sage_attention_run): FP8 P.V at D = 128 runs the serial schedule
-// (64 query rows per CTA, three CTAs per SM), everything else the overlapped one (D = 64 with
-// three consumer warpgroups: its S, P and O fit 160 registers); the measurement knobs
-// (kPingPong, kOverlap) select the overlapped D = 128 kernel.
+// The kernel a call runs (sage_attention_run): FP8 P.V runs the serial schedule (64 query rows
+// per CTA, three CTAs per SM at D = 128, four at D = 64: H200, B1 H24 S16384 D64, sage_core
+// 530 -> 567 TFLOPS against the overlapped three-consumer-warpgroup kernel, SageAttention2's
+// call 555 in the same run), FP16 P.V the overlapped one; the measurement knobs (kPingPong,
+// kOverlap) select the overlapped FP8 kernels.
 template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kPingPong && !kPv16, kPv16>;
 };
-template <>
-struct KernelTraitsOf<128, false, false, false> {
-  using type = Traits<128, 1, false, false, 1, kOHomeTiles, true>;
+template <int kDp>
+struct KernelTraitsOf<kDp, false, false, false> {
+  using type = Traits<kDp, 1, false, false, 1, kOHomeTiles, true>;
 };
 template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kPingPong, kOverlap>::type;
@@ -298,6 +302,12 @@ __device__ __forceinline__ void set_max_regs_inc() {
 template <int kRegs>
 __device__ __forceinline__ void set_max_regs_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegs));
+}
+// blockIdx.y read anew at each call (volatile: not merged with an earlier read).
+__device__ __forceinline__ int ctaid_y() {
+  int y;
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+  return y;
 }
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -980,7 +990,11 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
     c.l[h] = l;
     inv[h] = 1.0f / l;
   }
-  const float* vs = p.v_scale + hkv_lin * T::kDim;
+  // The KV head again, from a fresh read of the block index (ctaid_y), not kept from the
+  // prologue: its integer division's result stayed live across the key loop and, at the four
+  // CTAs per SM of the D = 64 serial kernel (128 registers), was spilled.
+  const int64_t hkv_out = head_index(p.heads_kv, w.b, kv_head_of(p, ctaid_y()));
+  const float* vs = p.v_scale + hkv_out * T::kDim;
   uint16_t* out = halves(p.out);
   const bool fp16 = p.out_dtype == SAGE_DTYPE_FP16;
   const float mean_bound = code_mean_bound(T::kPv16);
@@ -1207,7 +1221,7 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
         "strides and a 4-byte aligned base");
   if (!check_arch()) return 1;
   auto st = static_cast<cudaStream_t>(stream);
-  // AITER_SAGE_CUDA_SCHEDULE (measurements only): `overlap` runs the D = 128 FP8 kernel with the
+  // AITER_SAGE_CUDA_SCHEDULE (measurements only): `overlap` runs the FP8 kernels with the
   // overlapped schedule instead of the serial one (Traits::kSerial has why); `pingpong` the
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs

@@ -212,3 +212,27 @@ def test_accuracy_floor_exact_pass_equals_reference_model():
         timeout=600,
     )
     assert proc.returncode == 0 and "| 96 | 8 |" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_quant_granularity_model_is_the_contract_at_32_rows():
+    """quant_granularity.py's model at Q / K blocks of 32 rows is exactly accuracy_floor's
+    float64 pass over ref.prepare's tensors (smooth_k too), and on DiT-like inputs (outlier Q
+    channels) Q blocks of 16 rows leave a smaller error than the contract's 32."""
+    import torch
+
+    from aiter_sage import ref
+
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import accuracy_floor
+    import bench_gfx1201_sage_attention as bench
+    import quant_granularity as qg
+
+    s = 512
+    q, k, v = bench.make_inputs(1, 2, s, "cpu", dit=True)
+    contract = accuracy_floor.exact_from_prepared(ref.prepare(q, k, v, smooth_k=True), s)
+    model = qg.floor_at(q, k, v, 32, 32, smooth_k=True)
+    assert torch.equal(model, contract)
+    t = lambda x: x.double().transpose(1, 2)  # noqa: E731
+    want = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
+    e32, e16 = (qg.rel_l2(qg.floor_at(q, k, v, b, 32, smooth_k=True), want) for b in (32, 16))
+    assert e16 < e32 - 0.001, (e16, e32)
