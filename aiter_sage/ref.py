@@ -322,12 +322,16 @@ def to_int8_like_torch(t: torch.Tensor) -> torch.Tensor:
     return (i32 & 0xFF).to(torch.uint8).view(torch.int8)
 
 
-def quantize_int8_blocks(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 [B, S, H, D] (already scaled) -> int8 [B, S_pad, H, D], scales [B, H, S_pad/32]."""
+def quantize_int8_blocks(
+    xs: torch.Tensor, block: int = SCALE_BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP32 [B, S, H, D] (already scaled) -> int8 [B, S_pad, H, D], scales [B, H, S_pad/32].
+    ``block``: rows per scale (the contract's 32; other sizes for the format studies of
+    op_benchmarks/quant_granularity.py, S_pad then a multiple of it)."""
     b, s, h, d = xs.shape
-    s_pad = padded_len(s)
+    s_pad = -(-padded_len(s) // block) * block
     xp = _pad_seq(xs, s_pad)
-    blocks = xp.view(b, s_pad // SCALE_BLOCK, SCALE_BLOCK, h, d)
+    blocks = xp.view(b, s_pad // block, block, h, d)
     amax = blocks.abs().amax(dim=(2, 4))  # [B, nb, H]; NaN propagates
     scale = torch.div(amax, torch.full_like(amax, INT8_MAX))
     sc = scale[:, :, None, :, None]

@@ -32,11 +32,27 @@ KV_TILE = 128  # the cuda kernel's key tile (the error against FP32 barely depen
 
 def exact_from_prepared(p, s: int, kv_tile: int = KV_TILE) -> torch.Tensor:
     """Attention of prepared tensors with e4m3 P, in float64: [B, S, H, Dp]."""
-    blk = ref.SCALE_BLOCK
-    q = p.q_int8.double().transpose(1, 2) * p.q_scale.double().repeat_interleave(blk, -1)[..., None]
-    k = p.k_int8.double().transpose(1, 2) * p.k_scale.double().repeat_interleave(blk, -1)[..., None]
+    q = dequantize_blocks(p.q_int8, p.q_scale, s)
+    k = dequantize_blocks(p.k_int8, p.k_scale, s)
     v = ref.e4m3_decode(ref.fp8_bits(p.v_fp8)).double()[..., :s] * p.v_scale.double()[..., None]
-    return exact_from_dequantized(q[..., :s, :], k[..., :s, :], v.transpose(-1, -2), kv_tile)
+    return exact_from_dequantized(q, k, v.transpose(-1, -2), kv_tile)
+
+
+def dequantize_blocks(x8: torch.Tensor, scale: torch.Tensor, s: int) -> torch.Tensor:
+    """INT8 [B, S_pad, H, Dp] with block scales [B, H, S_pad / block] -> float64 [B, H, s, Dp]."""
+    block = x8.shape[1] // scale.shape[-1]
+    x = x8.double().transpose(1, 2) * scale.double().repeat_interleave(block, -1)[..., None]
+    return x[..., :s, :]
+
+
+def fp64_attention(q, k, v) -> torch.Tensor:
+    """SDPA in float64 of [B, S, H, D] inputs: the reference the error tables are against."""
+    t = lambda x: x.double().transpose(1, 2)  # noqa: E731
+    return torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
 
 
 def exact_from_dequantized(q, k, v, kv_tile: int = KV_TILE) -> torch.Tensor:
@@ -74,18 +90,13 @@ def main() -> None:
             torch.randn(1, s, args.heads, 128, generator=g).to(torch.bfloat16).to(device)
             for _ in range(3)
         )
-        t = lambda x: x.double().transpose(1, 2)  # noqa: E731
-        want = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
+        want = fp64_attention(q, k, v)
         p = aiter_sage.gfx1201_sage_prepare(q, k, v, backend=backend)
         out = aiter_sage.gfx1201_sage_attention_fwd(*p, s, backend=backend)[:, :s].double()
         exact = exact_from_prepared(p, s)
-
-        def rel(a, b):
-            return ((a - b).norm() / b.norm()).item()
-
         print(
-            f"| {s} | {args.heads} | {rel(out, want):.5f} | {rel(exact, want):.5f} | "
-            f"{rel(out, exact):.5f} |",
+            f"| {s} | {args.heads} | {rel_l2(out, want):.5f} | {rel_l2(exact, want):.5f} | "
+            f"{rel_l2(out, exact):.5f} |",
             flush=True,
         )
 

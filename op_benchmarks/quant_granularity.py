@@ -2,11 +2,12 @@
 
 The contract (upstream aiter's prepare numerics) gives Q and K one INT8 scale per 32-row block.
 This prints the relative L2 error against FP64 attention of exact arithmetic on tensors
-quantized with Q blocks of ``--q_blocks`` rows and K blocks of ``--k_blocks`` keys (V per
-channel e4m3 and P e4m3 as the contract's; `accuracy_floor.exact_from_dequantized`), on randn
-and on the benchmark's DiT-like inputs (`--dit`: outlier Q channels, a shared K offset; with
-smooth_k). At 32 / 32 the codes are ``ref.prepare``'s. SageAttention2's sm90 call uses Q blocks
-of 16 rows and K blocks of 128 keys.
+quantized with Q blocks of ``--q_blocks`` rows and K blocks of ``--k_blocks`` keys
+(``ref.quantize_int8_blocks`` at that block size; V per channel e4m3 and P e4m3 as the
+contract's; `accuracy_floor.exact_from_dequantized`), on randn and on the benchmark's DiT-like
+inputs (`--dit`: outlier Q channels, a shared K offset; with smooth_k). At 32 / 32 the codes
+are ``ref.prepare``'s. SageAttention2's sm90 call uses Q blocks of 16 rows and K blocks of 128
+keys.
 
     python3 op_benchmarks/quant_granularity.py -s 4096 --heads 4
 """
@@ -27,33 +28,20 @@ import bench_gfx1201_sage_attention as bench  # noqa: E402
 from aiter_sage import ref  # noqa: E402
 
 
-def quantize_rows(xs: torch.Tensor, block: int) -> torch.Tensor:
-    """FP32 [B, S, H, D] -> dequantized float64 [B, H, S, D]: INT8 codes with one scale per
-    `block` rows (S a multiple of it), rounded as ``ref.quantize_int8_blocks``."""
-    b, s, h, d = xs.shape
-    blocks = xs.view(b, s // block, block, h, d)
-    scale = torch.div(blocks.abs().amax(dim=(2, 4), keepdim=True), torch.tensor(ref.INT8_MAX))
-    t = torch.div(blocks, scale)
-    t = t + torch.where(t >= 0, 0.5, -0.5)
-    codes = torch.where(scale > 0, t.trunc(), torch.zeros_like(t))
-    return (codes.double() * scale.double()).view(b, s, h, d).transpose(1, 2)
-
-
 def floor_at(q, k, v, q_block: int, k_block: int, smooth_k: bool) -> torch.Tensor:
     """Exact-arithmetic attention [B, S, H, D] of the format at these block sizes."""
     d = q.shape[-1]
     kf = k.float()
     if smooth_k:
         kf = kf - ref.k_mean(kf)[:, None]
-    qd = quantize_rows(q.float() * ref.q_prescale(d**-0.5), q_block)
-    kd = quantize_rows(kf, k_block)
+    s = k.shape[1]
+    qd = accuracy_floor.dequantize_blocks(
+        *ref.quantize_int8_blocks(q.float() * ref.q_prescale(d**-0.5), q_block), q.shape[1]
+    )
+    kd = accuracy_floor.dequantize_blocks(*ref.quantize_int8_blocks(kf, k_block), s)
     v8, v_scale = ref.quantize_v(v)
-    vd = ref.e4m3_decode(ref.fp8_bits(v8)).double() * v_scale.double()[..., None]
-    return accuracy_floor.exact_from_dequantized(qd, kd, vd.transpose(-1, -2)[..., : k.shape[1], :])
-
-
-def rel_l2(out: torch.Tensor, want: torch.Tensor) -> float:
-    return ((out - want).norm() / want.norm()).item()
+    vd = ref.e4m3_decode(ref.fp8_bits(v8)).double()[..., :s] * v_scale.double()[..., None]
+    return accuracy_floor.exact_from_dequantized(qd, kd, vd.transpose(-1, -2))
 
 
 def main(argv=None) -> int:
@@ -67,11 +55,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|")
     for dit in (False, True):
         q, k, v = bench.make_inputs(1, a.heads, a.seq, "cpu", dit=dit)
-        t = lambda x: x.double().transpose(1, 2)  # noqa: E731
-        want = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
+        want = accuracy_floor.fp64_attention(q, k, v)
         for qb in a.q_blocks:
             for kb in a.k_blocks:
-                err = rel_l2(floor_at(q, k, v, qb, kb, smooth_k=dit), want)
+                err = accuracy_floor.rel_l2(floor_at(q, k, v, qb, kb, smooth_k=dit), want)
                 name = "DiT-like, smooth_k" if dit else "randn"
                 print(f"| {name} | {qb} | {kb} | {err:.4f} |", flush=True)
     return 0

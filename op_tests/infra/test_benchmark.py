@@ -232,7 +232,8 @@ def test_quant_granularity_model_is_the_contract_at_32_rows():
     contract = accuracy_floor.exact_from_prepared(ref.prepare(q, k, v, smooth_k=True), s)
     model = qg.floor_at(q, k, v, 32, 32, smooth_k=True)
     assert torch.equal(model, contract)
-    t = lambda x: x.double().transpose(1, 2)  # noqa: E731
-    want = torch.nn.functional.scaled_dot_product_attention(t(q), t(k), t(v)).transpose(1, 2)
-    e32, e16 = (qg.rel_l2(qg.floor_at(q, k, v, b, 32, smooth_k=True), want) for b in (32, 16))
+    want = accuracy_floor.fp64_attention(q, k, v)
+    e32, e16 = (
+        accuracy_floor.rel_l2(qg.floor_at(q, k, v, b, 32, smooth_k=True), want) for b in (32, 16)
+    )
     assert e16 < e32 - 0.001, (e16, e32)
