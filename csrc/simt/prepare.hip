@@ -423,24 +423,45 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
   const float scale = int8_block_scale(amax);
 
-  const auto store_codes = [&](auto quant) {
+  // The 8 codes of a pass, packed (quant: value -> int8 code).
+  const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
+    word[0] = word[1] = 0;
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+      word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i]))) << (8 * (i % 4));
+  };
+  // codes(pass, word): fills the pass's packed codes.
+  const auto store_codes = [&](auto codes) {
 #pragma unroll
     for (int pass = 0; pass < T::kQkPasses; ++pass) {
       const int s = row_of(pass);
-      uint32_t word[2] = {0, 0};
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i)
-        word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], scale))) << (8 * (i % 4));
+      uint32_t word[2];
+      codes(pass, word);
       sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
                          v2i32{int(word[0]), int(word[1])});
     }
   };
+  const auto normal = [&](float v) { return quant_i8_normal(v, scale); };
   // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
-  // (quant_i8_normal); the branch is uniform over the workgroup.
-  if (int8_scale_is_normal(scale))
-    store_codes([](float v, float sc) { return quant_i8_normal(v, sc); });
+  // (quant_i8_normal); the branch is uniform over the workgroup. The cuda build goes further
+  // (SAGE_QUANT_I8_RECIP): a multiply by the block's 1/s where quant.h's proof vouches for the
+  // code, the division for a pass with a value it does not (rare: near the k + 1/2 boundaries).
+#if defined(SAGE_QUANT_I8_RECIP)
+  if (int8_scale_is_normal(scale) && int8_recip_ok(scale)) {
+    const float recip = sage_rcpf(scale);
+    store_codes([&](int pass, uint32_t(&word)[2]) {
+      bool unsure = false;
+      pack_codes(pass, [&](float v) { return quant_i8_recip(v, recip, unsure); }, word);
+      if (unsure) pack_codes(pass, normal, word);
+    });
+  } else
+#endif
+      if (int8_scale_is_normal(scale))
+    store_codes([&](int pass, uint32_t(&word)[2]) { pack_codes(pass, normal, word); });
   else
-    store_codes([](float v, float sc) { return quant_i8(v, sc); });
+    store_codes([&](int pass, uint32_t(&word)[2]) {
+      pack_codes(pass, [&](float v) { return quant_i8(v, scale); }, word);
+    });
   if (tid == 0)
     sage_gstore<float>(out_scale, 4 * qk_scale_offset(head, len_pad, blk * SAGE_SCALE_BLOCK),
                        scale);

@@ -51,6 +51,31 @@ SAGE_EXPORT int64_t sage_quant_i8_normal_mismatches(const float* x, int64_t n_bl
   }
   return bad;
 }
+// quant_i8_recip (with its quant_i8_normal fallback where unsure, as the cuda qk kernel does)
+// against quant_i8, over blocks like sage_quant_i8_normal_mismatches' whose scale is also
+// int8_recip_ok. *compared counts the values compared, *unsure those that fell back.
+SAGE_EXPORT int64_t sage_quant_i8_recip_mismatches(const float* x, int64_t n_blocks, int64_t block,
+                                                   int64_t* compared, int64_t* unsure) {
+  int64_t bad = 0;
+  *compared = *unsure = 0;
+  for (int64_t blk = 0; blk < n_blocks; ++blk) {
+    const float* xb = x + blk * block;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < block; ++i) amax = sage::nan_max(amax, __builtin_fabsf(xb[i]));
+    const float scale = sage::int8_block_scale(amax);
+    if (!sage::int8_scale_is_normal(scale) || !sage::int8_recip_ok(scale)) continue;
+    const float recip = 1.0f / scale;
+    for (int64_t i = 0; i < block; ++i) {
+      bool u = false;
+      int8_t code = sage::quant_i8_recip(xb[i], recip, u);
+      if (u) code = sage::quant_i8_normal(xb[i], scale);
+      *unsure += u;
+      bad += code != sage::quant_i8(xb[i], scale);
+    }
+    *compared += block;
+  }
+  return bad;
+}
 SAGE_EXPORT uint16_t sage_f32_to_bf16(float x) { return sage::f32_to_bf16(x); }
 SAGE_EXPORT uint16_t sage_f32_to_fp16(float x) { return sage::f32_to_fp16(x); }
 SAGE_EXPORT float sage_fp16_to_f32(uint16_t h) { return sage::fp16_to_f32(h); }

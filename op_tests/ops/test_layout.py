@@ -47,6 +47,14 @@ def probe():
         i64,
         ctypes.POINTER(i64),
     ]
+    lib.sage_quant_i8_recip_mismatches.restype = i64
+    lib.sage_quant_i8_recip_mismatches.argtypes = [
+        ctypes.POINTER(ctypes.c_float),
+        i64,
+        i64,
+        ctypes.POINTER(i64),
+        ctypes.POINTER(i64),
+    ]
     lib.sage_quant_v.restype = ctypes.c_uint8
     lib.sage_quant_v.argtypes = [ctypes.c_float, ctypes.c_float]
     lib.sage_f32_to_bf16.restype = ctypes.c_uint16
@@ -182,6 +190,46 @@ def test_quant_i8_normal_equals_quant_i8(probe):
     bad = probe.sage_quant_i8_normal_mismatches(ptr, n_blocks, block, ctypes.byref(compared))
     assert bad == 0
     assert compared.value > 0.9 * n_blocks * block  # nearly all blocks have normal scales
+
+
+def _near_ties(n_blocks, block, g):
+    """Blocks over the whole exponent range whose first half are values within a few ulps of
+    the code boundaries t = k + 1/2 (each block's own scale; ties, and 1..4 float steps either
+    side), the rest randn."""
+    mant = torch.randn(n_blocks, block, generator=g)
+    expo = torch.randint(-122, 120, (n_blocks, 1), generator=g).float()
+    x = mant * torch.pow(2.0, expo)
+    x[:, 0] = x.abs().amax(dim=1) * torch.sign(mant[:, 0])  # keep the block's maximum
+    scale = x.abs().amax(dim=1, keepdim=True) * (1.0 / 127.0)
+    half = block // 2
+    ties = (torch.randint(-126, 126, (n_blocks, half - 1), generator=g).float() + 0.5) * scale
+    steps = torch.randint(-4, 5, (n_blocks, half - 1), generator=g)
+    inf = torch.full_like(ties, float("inf"))
+    for _ in range(4):  # move each tie |steps| float steps up or down
+        up, down = torch.nextafter(ties, inf), torch.nextafter(ties, -inf)
+        ties = torch.where(steps > 0, up, torch.where(steps < 0, down, ties))
+        steps = steps - steps.sign()
+    x[:, 1:half] = ties
+    return x.contiguous()
+
+
+def test_quant_i8_recip_equals_quant_i8(probe):
+    """The cuda qk kernel's division-free int8 form (x * 1/s, falling back to the division where
+    the proof in quant.h cannot vouch for the code) gives quant_i8's codes: blocks whose values
+    sit within a few ulps of every code boundary, over the exponent range where 1/s is normal,
+    and randn blocks. The fallback is rare on randn values and taken only near boundaries."""
+    g = torch.Generator().manual_seed(11)
+    i64 = ctypes.c_int64
+    cases = ((_near_ties(20000, 32, g), 0.5), (torch.randn(20000, 32, generator=g), 1e-3))
+    for x, max_unsure in cases:
+        compared, unsure = i64(0), i64(0)
+        ptr = ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float))
+        bad = probe.sage_quant_i8_recip_mismatches(
+            ptr, x.shape[0], x.shape[1], ctypes.byref(compared), ctypes.byref(unsure)
+        )
+        assert bad == 0
+        assert compared.value > 0.9 * x.numel()
+        assert unsure.value <= max_unsure * compared.value, (unsure.value, compared.value)
 
 
 def test_scalar_quantizers_match_reference(probe):

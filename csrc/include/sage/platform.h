@@ -111,6 +111,9 @@ SAGE_DEVICE float sage_fmax_nan(float a, float b) {
 // over all 2^32 floats. The bit-level encoder took ~25 instructions a value: prepare's v_quant
 // was issue-bound (H200, B1 H24 S16384: 52 instructions per element, 104 us).
 #define SAGE_HAS_E4M3_SAT 1
+// prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
+// where it cannot vouch for the code): the division was ~12 instructions a value there.
+#define SAGE_QUANT_I8_RECIP 1
 SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
   unsigned short pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x: low byte

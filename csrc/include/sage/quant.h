@@ -130,6 +130,44 @@ SAGE_HD int8_t quant_i8_normal(float x, float scale) {
   return int8_t(int32_t(t + __builtin_copysignf(0.5f, t)));
 }
 
+// ---- quant_i8_normal without a division per value (the cuda prepare: SAGE_QUANT_I8_RECIP) ----
+// t' = x * r with r = 1/s rounded once per block stands in for t = x / s when that provably
+// gives the same code; the caller falls back to quant_i8_normal for a value it cannot vouch
+// for. The division was ~12 of the qk kernel's instructions per value on an H200 (MUFU.RCP,
+// Newton FFMAs, FCHK and its slow-path branch), and that kernel is issue-bound.
+//   * r normal (int8_recip_ok): r = (1/s)(1 + e), |e| <= 2^-24. Every |x / s| <= 127 (1 + 2^-23)
+//     in a block of normal scale, so |x r - x/s| <= 2^-17, t' = RN(x r) adds <= 2^-18 and t adds
+//     <= 2^-18: |t' - t| <= 2^-16.
+//   * code(t) = trunc(RN(|t| + 1/2)) (signed) steps only within ulp(128) = 2^-16 of the
+//     half-integers k + 1/2 and is constant between. So where |t'| lies more than
+//     kQuantRecipMargin = 2^-14 inside (c - 1/2, c + 1/2), c = code(t'), so does t and the
+//     codes agree.
+//   * code(t') without F2I (which shares the quarter-rate unit with MUFU): for u = RN(|t'| +
+//     1/2) in [1/2, 128), RZ(u + 2^23) = 2^23 + floor(u) exactly, whose bits are 0x4B000000 +
+//     floor(u); |t'| - floor(u) is exact (Sterbenz, or floor(u) = 0).
+constexpr float kQuantRecipMargin = 0.5f - 0x1p-14f;
+SAGE_HD bool int8_recip_ok(float scale) { return scale >= 0x1p-125f && scale <= 0x1p125f; }
+// a + b rounded toward zero, for a, b >= 0 finite (the host form: the double sum is exact for
+// the operands quant_i8_recip passes, then truncated to float).
+SAGE_HD float fadd_rz_nonneg(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rz(a, b);
+#else
+  const double d = double(a) + double(b);
+  const float f = float(d);
+  return double(f) > d ? bits_f32(f32_bits(f) - 1u) : f;
+#endif
+}
+// code(x * recip); `unsure` is set where the code might differ from quant_i8_normal's.
+SAGE_HD int8_t quant_i8_recip(float x, float recip, bool& unsure) {
+  const float t = x * recip;
+  const float a = __builtin_fabsf(t);
+  const float n = fadd_rz_nonneg(a + 0.5f, 0x1p23f);
+  unsure |= !(__builtin_fabsf(a - (n - 0x1p23f)) < kQuantRecipMargin);
+  const int32_t m = int32_t(f32_bits(n) - 0x4B000000u);
+  return int8_t(t < 0.0f ? -m : m);
+}
+
 // OCP e4m3fn with round-to-nearest-even and saturation to +-448 (NaN -> 0x7f | sign).
 // Bit-level so host and device agree exactly; the GPU may instead clamp and use the
 // hardware converter, which the tests prove equal.
