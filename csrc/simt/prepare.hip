@@ -51,11 +51,16 @@ struct PrepTraits {
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
-  // NVIDIA only: 8 resident qk_plain blocks per SM (a 64-register cap; it needs 62). Measured
-  // when one build served every call: left free, ptxas took 127 registers, 4 blocks fit, and
-  // the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24 S16384); at 8 blocks twice the
-  // loads are in flight (210 us), 6 blocks gave 222 us.
-  static constexpr int kQkNvBlocks = 8;
+  // NVIDIA only: resident qk_plain blocks per SM, for loads in flight: the kernel reads a
+  // block's 8 (4) KiB at once, then reduces and stores. Measured when one build served every
+  // call: left free, ptxas took 127 registers, 4 blocks fit, and the kernel streamed ~1 TB/s on
+  // an H200 (302 us at B1 H24 S16384); at 8 blocks (64 registers) 210 us, 6 blocks 222 us. The
+  // plain build recomputes a pass's values from its raw loads (qk_body's refresh), so 12 blocks
+  // fit 40 registers at Dp 128 and 16 fit 32 at Dp 64 without a stack frame; FP16 inputs at Dp
+  // 128 (their exact decode) fit 9 (55 registers; at 10 and 11 ptxas used a stack frame).
+  static constexpr int kQkNvBlocks = kHeadDim == SAGE_HEAD_DIM_SMALL ? 16
+                                     : kInDtype == SAGE_DTYPE_FP16   ? 9
+                                                                     : 12;
   // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
   // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
@@ -422,6 +427,23 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   for (int wv = 0; wv < T::kQkThreads / kWaveSize; ++wv)
     if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
   const float scale = int8_block_scale(amax);
+  // The plain build's values of a pass again, from its raw loads, right before they are
+  // quantized (finish_row without norm / RoPE is the unpack alone; the same operations, so the
+  // same bits): x's registers end at the maximum, and kQkNvBlocks workgroups fit (PrepTraits).
+  const auto refresh = [&](int pass) {
+#if defined(SAGE_HAS_REMAT_FENCE)
+    if constexpr (!kFused) {
+      const int s = row_of(pass);
+      const bool in_seq = s < len;
+      sage_remat_fence(raw[pass].raw);
+      float v[T::kChunk];
+      finish_row<T>(f, p, s, in_seq, raw[pass], v);
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i)
+        x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
+    }
+#endif
+  };
 
   // The 8 codes of a pass, packed (quant: value -> int8 code).
   const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
@@ -436,6 +458,7 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     for (int pass = 0; pass < T::kQkPasses; ++pass) {
       const int s = row_of(pass);
       uint32_t word[2];
+      refresh(pass);
       codes(pass, word);
       sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
                          v2i32{int(word[0]), int(word[1])});
