@@ -216,8 +216,9 @@ def test_accuracy_floor_exact_pass_equals_reference_model():
 
 def test_quant_granularity_model_is_the_contract_at_32_rows():
     """quant_granularity.py's model at Q / K blocks of 32 rows is exactly accuracy_floor's
-    float64 pass over ref.prepare's tensors (smooth_k too), and on DiT-like inputs (outlier Q
-    channels) Q blocks of 16 rows leave a smaller error than the contract's 32."""
+    float64 pass over ref.prepare's tensors (smooth_k too), at 16 / 32 over those of
+    ref.prepare(q_scale_rows=16), and on DiT-like inputs (outlier Q channels) Q blocks of 16
+    rows leave a smaller error than the contract's 32."""
     import torch
 
     from aiter_sage import ref
@@ -232,6 +233,10 @@ def test_quant_granularity_model_is_the_contract_at_32_rows():
     contract = accuracy_floor.exact_from_prepared(ref.prepare(q, k, v, smooth_k=True), s)
     model = qg.floor_at(q, k, v, 32, 32, smooth_k=True)
     assert torch.equal(model, contract)
+    fine = accuracy_floor.exact_from_prepared(
+        ref.prepare(q, k, v, smooth_k=True, q_scale_rows=16), s
+    )
+    assert torch.equal(qg.floor_at(q, k, v, 16, 32, smooth_k=True), fine)
     want = accuracy_floor.fp64_attention(q, k, v)
     e32, e16 = (
         accuracy_floor.rel_l2(qg.floor_at(q, k, v, b, 32, smooth_k=True), want) for b in (32, 16)
