@@ -1081,9 +1081,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
 
 namespace {
-// All of contract v2, FP16 P.V (the kPv16 kernels) included. The cuda prepare is
-// csrc/simt/prepare.hip's and checks its own features.
-constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
+// All of contract v2, FP16 P.V (the kPv16 kernels) included, but 16-row Q scales (the kernel
+// reads one Q scale per 32 rows). The cuda prepare is csrc/simt/prepare.hip's and checks its
+// own features.
+constexpr sage::Features kCudaFeatures = {true, true, true, true, true, true, true, false};
 
 // cuTensorMapEncodeTiled, from the driver through the runtime's entry-point query (the module
 // links the CUDA runtime only, not libcuda). Null if the driver has none.

@@ -744,9 +744,11 @@ inline int dispatch_attention(const SageParams& p, void* stream) {
 }  // namespace gfx12
 }  // namespace sage
 
+// All of contract v2 but 16-row Q scales (a wave reads one Q scale for its 32 queries).
+constexpr sage::Features kGfx12Features = {true, true, true, true, true, true, true, false};
+
 SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
-  if (!sage::check_features(params, sage::Launch::kAttention, sage::kAllFeatures, "gfx12"))
-    return 1;
+  if (!sage::check_features(params, sage::Launch::kAttention, kGfx12Features, "gfx12")) return 1;
   const int rc = sage::gfx12::dispatch_attention(*params, stream);
   if (rc != 0) {
 #if !defined(SAGE_EMU)

@@ -31,6 +31,7 @@ _PARAM_FIELDS = [
         ).split()
     ],
     ("q_prescale", ctypes.c_float),
+    ("q_scale_rows", ctypes.c_int32),
     ("q_lens", ctypes.c_void_p),
     ("kv_lens", ctypes.c_void_p),
     ("q", ctypes.c_void_p),
@@ -76,7 +77,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 7  # the layout of _PARAM_FIELDS
+        assert lib.sage_abi_version() == 8  # the layout of _PARAM_FIELDS
         _LIB["lib"] = lib
     return _LIB["lib"]
 
