@@ -172,18 +172,20 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     assert ref.accuracy(out[~want], model[~want])["rel_l2"] < limit
 
 
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
 @pytest.mark.parametrize("backend", backend_params())
-def test_prepare_then_fwd_equals_attention(backend):
-    """Upstream's composition: fwd(*prepare(q, k, v), S)[:, :S] is the attention op."""
+def test_prepare_then_fwd_equals_attention(backend, q_scale_rows):
+    """Upstream's composition: fwd(*prepare(q, k, v), S)[:, :S] is the attention op (with
+    q_scale_rows=16 too: the fwd op takes the 16-row q_scale [B, Hq, S_pad / 16] as it is)."""
     s = 130
     q, k, v = to_device(backend, *qkv(1, s, s, 2, seed=41))
-    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, SCALE, backend=backend)
+    kw = dict(backend=backend, q_scale_rows=q_scale_rows)
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, SCALE, **kw)
+    assert prep.q_scale.shape == (1, 2, 160 // q_scale_rows)
     padded = aiter_sage.gfx1201_sage_attention_fwd(*prep, s, backend=backend)
     assert padded.shape == (1, 160, 2, 128) and padded.dtype == torch.bfloat16
     assert not padded[:, s:].cpu().any()  # rows at or beyond seq_len are zero
-    assert torch.equal(
-        padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend)
-    )
+    assert torch.equal(padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, **kw))
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -375,16 +377,26 @@ def test_opcheck_all_ops(backend):
         (*prepared, q.shape[1]),
         dict(kv_len=k.shape[1], **be),
     )
+    # 16-row Q scales: prepare's fake shapes and the fwd op on its tensors
+    q16 = dict(q_scale_rows=16, **be)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v, SCALE), q16)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v, SCALE), q16)
+    prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE, **q16)
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_attention_fwd.default,
+        (*prepared, q.shape[1]),
+        dict(kv_len=k.shape[1], **be),
+    )
 
 
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
 @pytest.mark.parametrize("backend", backend_params())
-def test_torch_compile_fullgraph(backend):
+def test_torch_compile_fullgraph(backend, q_scale_rows):
     class Block(torch.nn.Module):
         def forward(self, x):
             q, k, v = x.unflatten(-1, (3, 2, 128)).unbind(2)
-            return (
-                aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend).flatten(-2) * 2
-            )
+            kw = dict(backend=backend, q_scale_rows=q_scale_rows)
+            return aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, **kw).flatten(-2) * 2
 
     x = randn_bshd(1, 64, 6, seed=93, device=device_for(backend)).flatten(-2)
     eager = Block()(x)
