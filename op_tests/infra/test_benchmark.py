@@ -46,6 +46,7 @@ def test_default_providers_run_and_are_in_band(tmp_path):
         ),
         (["-n", "1", "--head_dim", "72"], dict(D="72", causal="False", dtype="bf16")),
         (["-n", "2", "--pv_dtype", "fp16"], dict(pv_dtype="fp16", dtype="bf16")),
+        (["-n", "2", "--q_scale_rows", "16"], dict(q_scale_rows="16", dtype="bf16")),
     ],
 )
 def test_problem_options_are_columns(tmp_path, options, expect):
@@ -91,6 +92,20 @@ def test_smooth_k_reaches_the_kept_key_providers(tmp_path):
     )  # fmt: skip
     assert [r["provider"] for r in rows] == ["sage", "sage_kept", "sage_core_kept"]
     assert all(r["in_band"] == "True" and r["smooth_k"] == "True" for r in rows), rows
+
+
+def test_q_scale_rows_reaches_every_sage_provider(tmp_path):
+    """--q_scale_rows 16 reaches all four sage providers (the kept-key ones of --mask-pad
+    too): each one's output, scored against the FP32 reference, moves from the 32-row run's,
+    stays in band, and its row says 16. (Unread, an option would leave every output's bits.)"""
+    common = ("-n", "2", "--dit", "--smooth_k", "--mask-pad", "0.25",
+              "--providers", "sage", "sage_core", "sage_kept", "sage_core_kept")  # fmt: skip
+    rows32 = _run(tmp_path, *common)
+    rows16 = _run(tmp_path, *common, "--q_scale_rows", "16")
+    assert [r["provider"] for r in rows16] == ["sage", "sage_core", "sage_kept", "sage_core_kept"]
+    for a, b in zip(rows32, rows16):
+        assert (a["q_scale_rows"], b["q_scale_rows"]) == ("32", "16"), (a, b)
+        assert b["in_band"] == "True" and a["rel_l2"] != b["rel_l2"], (a, b)
 
 
 def test_sage2_providers_say_why_they_are_absent(tmp_path):
