@@ -868,24 +868,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
   return run_attention(p, in, return_lse, be);
 }
 
-at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
-                  const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
-                  int64_t seq_len, const std::optional<at::Tensor>& q_lens,
-                  const std::optional<at::Tensor>& kv_lens, std::optional<int64_t> kv_len,
-                  bool is_causal, std::optional<at::ScalarType> out_dtype,
-                  std::optional<std::string> backend) {
-  return std::get<0>(fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
-                             is_causal, out_dtype, {q_lens, kv_lens}, backend, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> fwd_lse_op(
-    const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
-    const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale, int64_t seq_len,
-    const std::optional<at::Tensor>& q_lens, const std::optional<at::Tensor>& kv_lens,
-    std::optional<int64_t> kv_len, bool is_causal, std::optional<at::ScalarType> out_dtype,
-    std::optional<std::string> backend) {
-  return fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, is_causal,
-                 out_dtype, {q_lens, kv_lens}, backend, true);
+// An op and its `_lse` companion take the same arguments: kLse picks the output (the tensor,
+// or the pair with the LSE). The deduced return type makes TORCH_FN's use instantiate them.
+template <bool kLse>
+auto fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
+            const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
+            int64_t seq_len, const std::optional<at::Tensor>& q_lens,
+            const std::optional<at::Tensor>& kv_lens, std::optional<int64_t> kv_len, bool is_causal,
+            std::optional<at::ScalarType> out_dtype, std::optional<std::string> backend) {
+  auto result = fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
+                        is_causal, out_dtype, {q_lens, kv_lens}, backend, kLse);
+  if constexpr (kLse)
+    return result;
+  else
+    return std::get<0>(result);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_any(
@@ -913,28 +909,22 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
   return run_attention(p, {q8, qs, k8, ks, v8, vs}, return_lse, be);
 }
 
-at::Tensor attention_op(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
-    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps, const std::optional<at::Tensor>& q_lens,
-    const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k, std::string pv_dtype,
-    int64_t q_scale_rows, std::optional<std::string> backend) {
-  return std::get<0>(attention_any(query, key, value, softmax_scale, query_weight, key_weight,
-                                   cosine, sine, eps, is_causal, smooth_k, pv_dtype, q_scale_rows,
-                                   {q_lens, kv_lens}, backend, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> attention_lse_op(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
-    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps, const std::optional<at::Tensor>& q_lens,
-    const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k, std::string pv_dtype,
-    int64_t q_scale_rows, std::optional<std::string> backend) {
-  return attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine,
-                       eps, is_causal, smooth_k, pv_dtype, q_scale_rows, {q_lens, kv_lens}, backend,
-                       true);
+template <bool kLse>
+auto attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                  std::optional<double> softmax_scale,
+                  const std::optional<at::Tensor>& query_weight,
+                  const std::optional<at::Tensor>& key_weight,
+                  const std::optional<at::Tensor>& cosine, const std::optional<at::Tensor>& sine,
+                  double eps, const std::optional<at::Tensor>& q_lens,
+                  const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k,
+                  std::string pv_dtype, int64_t q_scale_rows, std::optional<std::string> backend) {
+  auto result =
+      attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps,
+                    is_causal, smooth_k, pv_dtype, q_scale_rows, {q_lens, kv_lens}, backend, kLse);
+  if constexpr (kLse)
+    return result;
+  else
+    return std::get<0>(result);
 }
 
 // The fake implementations' checks: the same rules on meta/fake tensors (no launch). The fakes
@@ -989,10 +979,10 @@ std::unique_ptr<torch::Library> g_cpu_lib, g_gpu_lib;
 template <class Lib>
 void impl_all(Lib& lib) {
   lib.impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
-  lib.impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
-  lib.impl("gfx1201_sage_attention_fwd_lse", TORCH_FN(fwd_lse_op));
-  lib.impl("gfx1201_sage_attention", TORCH_FN(attention_op));
-  lib.impl("gfx1201_sage_attention_lse", TORCH_FN(attention_lse_op));
+  lib.impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op<false>));
+  lib.impl("gfx1201_sage_attention_fwd_lse", TORCH_FN(fwd_op<true>));
+  lib.impl("gfx1201_sage_attention", TORCH_FN(attention_op<false>));
+  lib.impl("gfx1201_sage_attention_lse", TORCH_FN(attention_op<true>));
 }
 
 // The schemas are defined by aiter_sage/ops.py (from aiter_sage/signatures.py) before this runs.
