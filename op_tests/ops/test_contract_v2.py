@@ -253,7 +253,7 @@ def test_q_scale_rows_16_is_more_accurate_on_dit_inputs(backend):
     """The point of the option: on DiT-like inputs (the benchmark's --dit: outlier Q channels,
     a shared K offset; smooth_k on) 16-row Q scales leave a smaller error against FP64 SDPA
     than the contract's 32 rows, measured on the backend's own output, for each of three
-    draws (3-7 % smaller at S 512 on cpu and emu; 0.0578 -> 0.0555 for the format at S 4096,
+    draws (4-6 % smaller at S 512 on cpu and emu; 0.0578 -> 0.0555 for the format at S 4096,
     op_benchmarks/quant_granularity.py)."""
     import sys
 
