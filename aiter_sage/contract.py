@@ -5,6 +5,10 @@ header). ref.py, ops.py and guards.py read them from here (ref re-exports them).
 # params.h
 HEAD_DIM_ALIGN = 8  # SAGE_HEAD_DIM_ALIGN: a head dim is a multiple of this
 SCALE_BLOCK = 32  # SAGE_SCALE_BLOCK: rows per INT8 scale of Q and K
+# SAGE_Q_SCALE_ROWS_FINE: q_scale_rows=16, the opt-in Q granularity (one scale per 16 query
+# rows; K keeps SCALE_BLOCK). The accepted values of q_scale_rows, the default first:
+Q_SCALE_ROWS_FINE = 16
+Q_SCALE_ROWS = (SCALE_BLOCK, Q_SCALE_ROWS_FINE)
 SEQ_ALIGN = 32  # SAGE_SEQ_ALIGN: sequence axes are padded to a multiple of this
 # constants.h
 INT8_MAX = 127.0  # kInt8Max

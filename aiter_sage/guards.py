@@ -5,9 +5,10 @@
   in the memory its device has free is refused with a :class:`MemoryError` (it would otherwise
   fill the machine until the OOM killer ends the process: an expanded ``[1, 2**24, 8, 128]``
   key is 16 GiB of INT8 codes and 16 GiB of V).
-* :func:`warn_outlier_blocks` — under ``AITER_SAGE_CHECK=1``, a 32-row Q or K block whose
-  largest row dwarfs its typical row is named: per-block INT8 gives every row of a block the
-  step of its largest, so one row ×30 puts the other 31 at rel L2 0.19 (0.028 elsewhere).
+* :func:`warn_outlier_blocks` — under ``AITER_SAGE_CHECK=1``, a 32-row Q or K block (a
+  16-row Q block with ``q_scale_rows=16``) whose largest row dwarfs its typical row is named:
+  per-block INT8 gives every row of a block the step of its largest, so one row ×30 puts the
+  other 31 at rel L2 0.19 (0.028 elsewhere).
 
 The byte counts follow the binding's allocations (``csrc/binding/sage_torch.cpp``:
 ``run_prepare``, ``run_attention``); a test compares them with the tensors a call returns.
@@ -195,14 +196,17 @@ class SageOutlierWarning(SageCheckWarning):
     """AITER_SAGE_CHECK=1 found a Q or K block whose INT8 scale one outlier row sets."""
 
 
-def outlier_blocks(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> list[tuple]:
-    """(batch, head, block, ratio) of every 32-row block of ``x`` ``[B, S, H, D]`` whose largest
-    row amax exceeds ``factor`` times the block's median row amax (rows past S do not count)."""
+def outlier_blocks(
+    x: torch.Tensor, factor: float = OUTLIER_FACTOR, block: int = ref.SCALE_BLOCK
+) -> list[tuple]:
+    """(batch, head, block, ratio) of every ``block``-row block (32, or 16: Q with
+    q_scale_rows=16) of ``x`` ``[B, S, H, D]`` whose largest row amax exceeds ``factor`` times
+    the block's median row amax (rows past S do not count)."""
     b, s, h, _ = x.shape
     rows = x.detach().float().abs().amax(dim=-1).transpose(1, 2)  # [B, H, S]
     s_pad = ref.padded_len(s)
     rows = torch.nn.functional.pad(rows, (0, s_pad - s), value=math.nan)
-    blocks = rows.reshape(b, h, s_pad // ref.SCALE_BLOCK, ref.SCALE_BLOCK)
+    blocks = rows.reshape(b, h, s_pad // block, block)
     top = blocks.nan_to_num(nan=-math.inf).amax(dim=-1)
     median = blocks.nanmedian(dim=-1).values
     ratio = top / median
@@ -212,23 +216,34 @@ def outlier_blocks(x: torch.Tensor, factor: float = OUTLIER_FACTOR) -> list[tupl
 
 
 def warn_outlier_blocks(
-    query, key, *, smooth_k=False, query_weight=None, key_weight=None, eps=1e-6, op=""
+    query,
+    key,
+    *,
+    smooth_k=False,
+    query_weight=None,
+    key_weight=None,
+    eps=1e-6,
+    q_scale_rows=ref.SCALE_BLOCK,
+    op="",
 ) -> dict:
     """Warns (:class:`SageOutlierWarning`) naming the Q and K blocks :func:`outlier_blocks`
     finds in what prepare quantizes (after the RMSNorm when its weights are given; K minus its
-    mean with ``smooth_k``). Returns ``{"query": [...], "key": [...]}``."""
+    mean with ``smooth_k``; Q blocks of ``q_scale_rows`` rows). Returns ``{"query": [...],
+    "key": [...]}``."""
     q, k = query, key
     if query_weight is not None:
         q = torch.nn.functional.rms_norm(q.float(), (q.shape[-1],), query_weight.float(), eps)
         k = torch.nn.functional.rms_norm(k.float(), (k.shape[-1],), key_weight.float(), eps)
     if smooth_k:
         k = k.float() - k.float().mean(dim=1, keepdim=True)
-    found = {"query": outlier_blocks(q), "key": outlier_blocks(k)}
+    rows = {"query": q_scale_rows, "key": ref.SCALE_BLOCK}
+    found = {"query": outlier_blocks(q, block=q_scale_rows), "key": outlier_blocks(k)}
     for what, hits in found.items():
         if not hits:
             continue
+        n = rows[what]
         named = ", ".join(
-            f"(batch {b}, head {h}, rows {blk * 32}-{blk * 32 + 31}: {r:.0f}x)"
+            f"(batch {b}, head {h}, rows {blk * n}-{blk * n + n - 1}: {r:.0f}x)"
             for b, h, blk, r in hits[:OUTLIER_MAX_NAMED]
         )
         more = f" and {len(hits) - OUTLIER_MAX_NAMED} more" if len(hits) > OUTLIER_MAX_NAMED else ""

@@ -171,7 +171,7 @@ def _head_dim_pad(d):
     return ref.padded_head_dim(d) if ref.head_dim_supported(d) else d
 
 
-def _prepare_shapes(query, key, pv_dtype="fp8"):
+def _prepare_shapes(query, key, pv_dtype="fp8", q_scale_rows=ref.SCALE_BLOCK):
     """Shapes and dtypes of prepare's outputs (symbolic in S)."""
     b, sq, hq, d = query.shape
     hkv = key.shape[2]
@@ -179,7 +179,7 @@ def _prepare_shapes(query, key, pv_dtype="fp8"):
     sq_pad, skv_pad = _padded(sq), _padded(key.shape[1])
     return (
         ((b, sq_pad, hq, dp), torch.int8),
-        ((b, hq, sq_pad // ref.SCALE_BLOCK), torch.float32),
+        ((b, hq, sq_pad // q_scale_rows), torch.float32),
         ((b, skv_pad, hkv, dp), torch.int8),
         ((b, hkv, skv_pad // ref.SCALE_BLOCK), torch.float32),
         ((b, hkv, dp, skv_pad), torch.float16 if pv_dtype == "fp16" else torch.uint8),
@@ -195,10 +195,11 @@ def _fake_prepare(binding, a):
         a["eps"],
         a["smooth_k"],
         a["pv_dtype"],
+        a["q_scale_rows"],
         *map(_concrete, (a["q_lens"], a["kv_lens"])),
     )
     new = a["query"].new_empty
-    shapes = _prepare_shapes(a["query"], a["key"], a["pv_dtype"])
+    shapes = _prepare_shapes(a["query"], a["key"], a["pv_dtype"], a["q_scale_rows"])
     return tuple(new(shape, dtype=dt) for shape, dt in shapes)
 
 
@@ -230,6 +231,7 @@ def _fake_attention(binding, a, lse: bool):
         a["is_causal"],
         a["smooth_k"],
         a["pv_dtype"],
+        a["q_scale_rows"],
         *map(_concrete, (a["q_lens"], a["kv_lens"])),
     )
     out = q.new_empty(q.shape)
@@ -377,9 +379,11 @@ def _warn_outliers(a: dict, op: str) -> None:
         return
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)):
         return
+    if a["q_scale_rows"] not in ref.Q_SCALE_ROWS:  # _call names the bad value
+        return
     guards.warn_outlier_blocks(
         q, k, smooth_k=a["smooth_k"], query_weight=a["query_weight"],
-        key_weight=a["key_weight"], eps=a["eps"], op=op,
+        key_weight=a["key_weight"], eps=a["eps"], q_scale_rows=a["q_scale_rows"], op=op,
     )  # fmt: skip
 
 
@@ -389,7 +393,18 @@ def _lengths_tensor(lens):
     return torch.tensor(lens, dtype=torch.int32) if isinstance(lens, (list, tuple)) else lens
 
 
+def _check_q_scale_rows(value) -> None:
+    """A TypeError / ValueError naming the accepted values (32, 16), not torch's schema
+    mismatch (a RuntimeError) for a value that is not an int."""
+    try:
+        ref.check_q_scale_rows(value)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"aiter_sage: {e}") from None
+
+
 def _call(sig, a: dict, lse: bool = False):
+    if "q_scale_rows" in a:
+        _check_q_scale_rows(a["q_scale_rows"])
     op_sig = OPS[f"{sig.name}_lse"] if lse else sig
     a = {**a, **{n: _lengths_tensor(a[n]) for n in ("q_lens", "kv_lens") if n in a}}
     pos, kw = op_sig.call_args(a)
@@ -419,7 +434,8 @@ def _public(sig, doc: str, extra=()):
 
     Returns ``(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale)`` (a :class:`Prepared`
     namedtuple): Q/K INT8 ``[B, S_pad, H, Dp]`` with FP32 scales ``[B, H, S_pad / 32]`` (one
-    per 32-row block; Q carries ``softmax_scale * log2(e)``), V FP8 e4m3 ``[B, Hkv, Dp, S_pad]``
+    per 32-row block; Q carries ``softmax_scale * log2(e)``; ``q_scale_rows=16``: one Q scale
+    per 16 rows, ``[B, Hq, S_pad / 16]``), V FP8 e4m3 ``[B, Hkv, Dp, S_pad]``
     with FP32 per-channel scales ``[B, Hkv, Dp]``. ``S_pad`` is S rounded up to 32; ``Dp`` is
     the kernel head dim (64 for D <= 64, else 128); padding is zero. Key/value may be longer
     or shorter than query, and have fewer heads (GQA: Hq a multiple of Hkv).
@@ -458,7 +474,9 @@ def gfx1201_sage_prepare(a) -> Prepared:
     beyond ``seq_len``: -inf) — of the scores of these prepared tensors (with smoothed K, the
     smoothed scores; :func:`gfx1201_sage_attention` adds the mean's term back). The P·V mode
     follows ``v_fp8``'s dtype: e4m3 (or its uint8 bits) runs FP8 P·V, float16 (what
-    ``pv_dtype="fp16"`` prepare returns) FP16 P·V.
+    ``pv_dtype="fp16"`` prepare returns) FP16 P·V. The Q scale granularity follows
+    ``q_scale``'s shape: ``[B, Hq, S_pad / 32]`` or, from ``q_scale_rows=16`` prepare,
+    ``[B, Hq, S_pad / 16]``.
     """,
     extra=(RETURN_LSE,),
 )
@@ -485,7 +503,9 @@ def gfx1201_sage_attention_fwd(a):
     Q and K first (see :func:`gfx1201_sage_prepare`). Keyword-only: ``is_causal`` (query i sees
     keys j <= i, top-left aligned as SDPA's), ``smooth_k`` (K smoothing), ``return_lse`` (also
     return the natural-log LSE of the unsmoothed scaled scores, FP32 ``[B, Hq, Sq]``),
-    ``pv_dtype`` (``"fp8"``, upstream's, or ``"fp16"``: FP16 P·V), ``backend``. Returns
+    ``pv_dtype`` (``"fp8"``, upstream's, or ``"fp16"``: FP16 P·V), ``q_scale_rows`` (32,
+    upstream's, or 16: one Q scale per 16 rows, more accurate on outlier-heavy DiT
+    activations), ``backend``. Returns
     ``[B, Sq, Hq, D]`` in the inputs' dtype (and the LSE). Inference only.
     """,
     extra=(RETURN_LSE,),

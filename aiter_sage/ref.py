@@ -10,7 +10,8 @@ operation unless stated.
 Prepare
   * Q factor c = float32(softmax_scale * log2 e), the product formed in double and rounded
     once; Q' = float32(q) * c (the kernels then work in the exp2 domain). K' = float32(k).
-  * Per (batch, head, 32-row block): s = amax|X'| / 127. Code t = X' / s, then
+  * Per (batch, head, 32-row block): s = amax|X'| / 127 (Q with ``q_scale_rows=16``: per
+    16-row block, the same steps; K keeps 32-key blocks). Code t = X' / s, then
     trunc(t + (t >= 0 ? 0.5 : -0.5)) (float32 addition, then truncation: ties go away from
     zero), converted to int8 the way torch's ``.to(torch.int8)`` does (through int32, NaN -> 0;
     a quotient beyond +-127.5 needs a subnormal block scale and wraps as there). A block whose
@@ -50,6 +51,12 @@ Attention (log2 domain; the kernels follow the same steps, their tile sizes may 
     padded output of ``gfx1201_sage_attention_fwd``.
 
 Contract v2 (keyword-only options; each default is upstream's behaviour)
+  * Q scale granularity (``q_scale_rows``, prepare and attention; default 32, upstream's):
+    16 gives Q one scale per 16 rows, q_scale [B, Hq, Sq_pad / 16], each computed as a
+    32-row block's scale is but over its 16 rows (amax, FP32 division, codes). K stays at
+    32-key blocks. Attention reads a row's scale at row // (Sq_pad / q_scale.shape[-1]): the
+    fwd op infers the granularity from q_scale's shape (Sq_pad is a multiple of 32, so the
+    two shapes never coincide). SageAttention2 quantizes Q per 16 rows too (its "per_warp").
   * Head dim D: any multiple of 8 up to 128. Prepare zero-pads the channels to the kernel head
     dim Dp (64 for D <= 64, else 128): prepared Q/K are [B, S_pad, H, Dp], V [B, H, Dp, S_pad],
     V scales [B, H, Dp]; padded channels are zero codes with scale 0. The default
@@ -122,6 +129,8 @@ from .contract import (  # noqa: F401  (re-exported: ref.SEQ_ALIGN, ...)
     INT8_MAX,
     LN2,
     LOG2E,
+    Q_SCALE_ROWS,
+    Q_SCALE_ROWS_FINE,
     SCALE_BLOCK,
     SEQ_ALIGN,
 )
@@ -162,7 +171,7 @@ class Prepared(NamedTuple):
     Dp = the kernel head dim (128 upstream); Hq query heads, Hkv key/value heads."""
 
     q_int8: torch.Tensor  # int8 [B, Sq_pad, Hq, Dp]
-    q_scale: torch.Tensor  # float32 [B, Hq, Sq_pad / 32]
+    q_scale: torch.Tensor  # float32 [B, Hq, Sq_pad / 32] (q_scale_rows 16: Sq_pad / 16)
     k_int8: torch.Tensor  # int8 [B, Skv_pad, Hkv, Dp]
     k_scale: torch.Tensor  # float32 [B, Hkv, Skv_pad / 32]
     v_fp8: torch.Tensor  # float8_e4m3fn [B, Hkv, Dp, Skv_pad] (pv_dtype "fp16": float16)
@@ -325,9 +334,10 @@ def to_int8_like_torch(t: torch.Tensor) -> torch.Tensor:
 def quantize_int8_blocks(
     xs: torch.Tensor, block: int = SCALE_BLOCK
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP32 [B, S, H, D] (already scaled) -> int8 [B, S_pad, H, D], scales [B, H, S_pad/32].
-    ``block``: rows per scale (the contract's 32; other sizes for the format studies of
-    op_benchmarks/quant_granularity.py, S_pad then a multiple of it)."""
+    """FP32 [B, S, H, D] (already scaled) -> int8 [B, S_pad, H, D], scales [B, H, S_pad/block].
+    ``block``: rows per scale (the contract's 32, or 16 for Q with q_scale_rows=16; other sizes
+    for the format studies of op_benchmarks/quant_granularity.py, S_pad then a multiple of
+    it)."""
     b, s, h, d = xs.shape
     s_pad = -(-padded_len(s) // block) * block
     xp = _pad_seq(xs, s_pad)
@@ -410,6 +420,27 @@ def _zero_padding_rows(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return torch.where(real[:, :, None, None], x, torch.zeros((), dtype=x.dtype))
 
 
+def check_q_scale_rows(q_scale_rows) -> None:
+    """q_scale_rows must be one of Q_SCALE_ROWS (32, upstream's, or 16)."""
+    if isinstance(q_scale_rows, bool) or not isinstance(q_scale_rows, int):
+        raise TypeError(
+            f"q_scale_rows must be an int, one of {Q_SCALE_ROWS}, got {type(q_scale_rows).__name__}"
+        )
+    if q_scale_rows not in Q_SCALE_ROWS:
+        raise ValueError(f"q_scale_rows must be one of {Q_SCALE_ROWS}, got {q_scale_rows}")
+
+
+def q_rows_per_scale(p: Prepared) -> int:
+    """Query rows per Q scale of prepared tensors (32 or 16), from q_scale's shape."""
+    rows = p.q_int8.shape[1] // max(p.q_scale.shape[-1], 1)
+    if p.q_scale.shape[-1] * rows != p.q_int8.shape[1] or rows not in Q_SCALE_ROWS:
+        raise ValueError(
+            f"q_scale {tuple(p.q_scale.shape)} holds neither one scale per 32 nor per 16 of the "
+            f"{p.q_int8.shape[1]} padded query rows"
+        )
+    return rows
+
+
 def check_head_dim(d: int) -> None:
     if not head_dim_supported(d):
         raise ValueError(f"head dim {d} is not a multiple of {HEAD_DIM_ALIGN} in [8, {HEAD_DIM}]")
@@ -428,6 +459,7 @@ def prepare(
     *,
     smooth_k: bool = False,
     pv_dtype: str = "fp8",
+    q_scale_rows: int = SCALE_BLOCK,
     return_smoothing: bool = False,
     q_lens=None,
     kv_lens=None,
@@ -440,9 +472,12 @@ def prepare(
     ``q_lens`` / ``kv_lens`` (B ints, default the full lengths; see :func:`entry_lengths`):
     entry b's rows of Q at or past q_lens[b] and keys of K/V at or past kv_lens[b] are
     padding, whatever they hold: zero codes, and they enter no block scale, no V channel
-    scale, not the K mean (the mean of the kv_lens[b] real keys) and not lse_corr (0 there)."""
+    scale, not the K mean (the mean of the kv_lens[b] real keys) and not lse_corr (0 there).
+
+    ``q_scale_rows`` (32 or 16): query rows per Q scale (K keeps 32-key blocks)."""
     d = q.shape[-1]
     check_head_dim(d)
+    check_q_scale_rows(q_scale_rows)
     d_pad = padded_head_dim(d)
     if softmax_scale is None:
         softmax_scale = d**-0.5
@@ -459,7 +494,7 @@ def prepare(
     if smooth_k:  # padded keys stay zero: they are not keys, so not moved by the mean
         kf = _zero_padding_rows(kf - mean[:, None], kv_real)
     q_scaled = q.float() * q_prescale(softmax_scale)
-    q8, q_scale = quantize_int8_blocks(_pad_channels(q_scaled, d_pad))
+    q8, q_scale = quantize_int8_blocks(_pad_channels(q_scaled, d_pad), q_scale_rows)
     k8, k_scale = quantize_int8_blocks(_pad_channels(kf, d_pad))
     v8, v_scale = quantize_v(_pad_channels(_zero_padding_rows(v, kv_real), d_pad), pv_dtype)
     prep = Prepared(q8, q_scale, k8, k_scale, v8, v_scale)
@@ -533,7 +568,7 @@ def attention_from_prepared(
     vd = p.v_fp8.cpu().float() if fp16_pv else e4m3_decode(fp8_bits(p.v_fp8.cpu()))  # exact
     v8 = vd.repeat_interleave(group, dim=1)  # [B, Hq, Dp, S]
     v8[..., kv_len:] = 0  # padded keys carry P = 0; their V may hold anything
-    qs = p.q_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1)  # per row
+    qs = p.q_scale.cpu().repeat_interleave(q_rows_per_scale(p), dim=-1)  # per row
     ks = p.k_scale.cpu().repeat_interleave(SCALE_BLOCK, dim=-1).repeat_interleave(group, dim=1)
     b, h, sq_pad, d = q8.shape
     q_lens = entry_lengths(q_lens, b, q_len)

@@ -142,6 +142,9 @@ SMOOTH_K = Arg("smooth_k", "bool", False, kw_only=True)
 # returns V as float16, and the fwd op reads the mode from that dtype).
 PV_DTYPE = Arg("pv_dtype", "str", "fp8", kw_only=True)
 PV_DTYPES = ("fp8", "fp16")
+# Query rows per Q scale: 32 (upstream's) or 16 (q_scale [B, Hq, Sq_pad / 16]; K keeps 32-key
+# blocks). The fwd op takes no such argument: it reads the granularity from q_scale's shape.
+Q_SCALE_ROWS = Arg("q_scale_rows", "int", 32, kw_only=True)
 # Per-batch lengths (int32/int64 [B] tensors on the inputs' device or the cpu; None: the full
 # lengths): entry b has q_lens[b] real query rows and kv_lens[b] real keys, the rest is padding
 # whatever it holds (a key-padding mask whose kept keys come first; varlen as padded batches).
@@ -153,7 +156,7 @@ RETURN_LSE = Arg("return_lse", "bool", False, kw_only=True)
 
 PREPARE = OpSignature(
     "gfx1201_sage_prepare",
-    (*UPSTREAM_INPUTS, SMOOTH_K, PV_DTYPE, *LENGTHS, BACKEND),
+    (*UPSTREAM_INPUTS, SMOOTH_K, PV_DTYPE, Q_SCALE_ROWS, *LENGTHS, BACKEND),
     "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
 )
 ATTENTION_FWD = OpSignature(
@@ -176,7 +179,7 @@ ATTENTION_FWD = OpSignature(
 )
 ATTENTION = OpSignature(
     "gfx1201_sage_attention",
-    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, PV_DTYPE, *LENGTHS, BACKEND),
+    (*UPSTREAM_INPUTS, IS_CAUSAL, SMOOTH_K, PV_DTYPE, Q_SCALE_ROWS, *LENGTHS, BACKEND),
     "Tensor",
 )
 

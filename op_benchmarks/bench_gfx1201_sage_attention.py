@@ -22,7 +22,8 @@ Providers
 
 Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head),
 --pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), --smooth_k
-(the sage providers quantize K minus its mean), --dit (DiT-like inputs, see make_inputs), each a
+(the sage providers quantize K minus its mean), --q_scale_rows (32: upstream's Q scale per 32
+rows; 16: the sage providers' q_scale_rows=16), --dit (DiT-like inputs, see make_inputs), each a
 CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters`
 timed calls in turn (interleaved, so drift hits all alike); the median per-call time over rounds
 is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a causal kernel
@@ -67,6 +68,7 @@ PROVIDERS = (
     "sage2_nosmooth",
 )
 SAGE2_PROVIDERS = {"sage2": True, "sage2_nosmooth": False}  # name -> smooth_k
+SAGE2_Q_SCALE_ROWS = 16  # its per_warp Q granularity on sm90 (the q_scale_rows column)
 SDPA_BACKENDS = {
     "sdpa_cudnn": "CUDNN_ATTENTION",
     "sdpa_flash": "FLASH_ATTENTION",
@@ -152,20 +154,26 @@ def pad_mask(b, s, kept, device):
     return kv_lens, mask
 
 
-def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None, smooth_k=False):
+def provider_calls(
+    q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None, smooth_k=False, q_scale_rows=32
+):
     """name -> zero-argument callable returning the output in [B, S, H, D]. `kept`: the keys
     are padded past `kept` (--mask-pad): the sage providers get per-entry key lengths, SDPA the
     same mask, and `sage_kept` / `sage_core_kept` run the unmasked kernels on the kept keys.
-    `smooth_k`: the sage providers' (SageAttention2's have their own two settings)."""
+    `smooth_k`, `q_scale_rows`: the sage providers' prepare options (SageAttention2's have
+    their own settings; the fwd op reads the Q granularity from the prepared q_scale)."""
     masked = kept is not None
     lens, mask = pad_mask(q.shape[0], k.shape[1], kept, q.device) if masked else (None, None)
     extra = dict(kv_lens=lens) if masked else {}
     if smooth_k:
         extra["smooth_k"] = True
+    if q_scale_rows != ref.SCALE_BLOCK:
+        extra["q_scale_rows"] = q_scale_rows
     prepared = aiter_sage.gfx1201_sage_prepare(
         q, k, v, scale, pv_dtype=pv_dtype, backend=backend, **extra
     )
-    fwd_extra = {n: x for n, x in extra.items() if n != "smooth_k"}
+    prepare_only = ("smooth_k", "q_scale_rows")
+    fwd_extra = {n: x for n, x in extra.items() if n not in prepare_only}
     s, d = q.shape[1], q.shape[3]
     qh, kh, vh = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # SDPA's own layout
     sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -207,7 +215,8 @@ def provider_calls(q, k, v, scale, backend, causal, pv_dtype="fp8", kept=None, s
             )  # fmt: skip
     if masked:
         kk, vk = k[:, :kept], v[:, :kept]
-        kept_kw = dict(pv_dtype=pv_dtype, backend=backend, smooth_k=smooth_k)
+        kept_kw = dict(pv_dtype=pv_dtype, backend=backend)
+        kept_kw.update({n: extra[n] for n in prepare_only if n in extra})  # smooth_k, q rows
         calls["sage_kept"] = lambda: aiter_sage.gfx1201_sage_attention(
             q, kk, vk, scale, is_causal=causal, **kept_kw
         )
@@ -304,11 +313,10 @@ def run(args):
         q, k, v = make_inputs(batch, heads, s, device, d=d, dtype=dtype, gqa=args.gqa, dit=args.dit)
         scale = d**-0.5
         kept = None if args.mask_pad is None else max(1, s - round(args.mask_pad * s))
+        options = (args.causal, args.pv_dtype, kept, args.smooth_k, args.q_scale_rows)
         calls = {
             n: f
-            for n, f in provider_calls(
-                q, k, v, scale, backend, args.causal, args.pv_dtype, kept, args.smooth_k
-            ).items()
+            for n, f in provider_calls(q, k, v, scale, backend, *options).items()
             if n in providers
         }
         missing = [n for n in SAGE2_PROVIDERS if n in providers and n not in calls]
@@ -341,6 +349,7 @@ def run(args):
                 kept_keys=keys,
                 pv_dtype=args.pv_dtype,
                 smooth_k=SAGE2_PROVIDERS.get(name, args.smooth_k),
+                q_scale_rows=SAGE2_Q_SCALE_ROWS if name in SAGE2_PROVIDERS else args.q_scale_rows,
                 dit=args.dit,
                 provider=sdpa_name if name == "sdpa" else name,
                 ms=times[name] * 1e3,
@@ -404,6 +413,13 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--smooth_k", action="store_true", help="the sage providers quantize K minus its mean"
+    )
+    p.add_argument(
+        "--q_scale_rows",
+        type=int,
+        choices=ref.Q_SCALE_ROWS,
+        default=ref.SCALE_BLOCK,
+        help="query rows per Q scale of the sage providers (16: q_scale_rows=16)",
     )
     p.add_argument(
         "--dit",

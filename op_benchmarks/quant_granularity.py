@@ -6,8 +6,8 @@ quantized with Q blocks of ``--q_blocks`` rows and K blocks of ``--k_blocks`` ke
 (``ref.quantize_int8_blocks`` at that block size; V per channel e4m3 and P e4m3 as the
 contract's; `accuracy_floor.exact_from_dequantized`), on randn and on the benchmark's DiT-like
 inputs (`--dit`: outlier Q channels, a shared K offset; with smooth_k). At 32 / 32 the codes
-are ``ref.prepare``'s. SageAttention2's sm90 call uses Q blocks of 16 rows and K blocks of 128
-keys.
+are ``ref.prepare``'s, at 16 / 32 those of ``ref.prepare(..., q_scale_rows=16)`` (the op's
+opt-in). SageAttention2's sm90 call uses Q blocks of 16 rows and K blocks of 128 keys.
 
     python3 op_benchmarks/quant_granularity.py -s 4096 --heads 4
 """

@@ -24,6 +24,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "sage/check.h"
 #include "binding/host_blocks.h"
@@ -416,6 +417,14 @@ int pv_dtype_code(const std::string& pv_dtype) {
   return pv_dtype == "fp16" ? SAGE_PV_FP16 : SAGE_PV_FP8;
 }
 
+// q_scale_rows: query rows per Q scale, 32 (upstream's) or 16 (SageParams::q_scale_rows).
+int32_t q_scale_rows_code(int64_t q_scale_rows) {
+  TORCH_CHECK_VALUE(q_scale_rows == SAGE_SCALE_BLOCK || q_scale_rows == SAGE_Q_SCALE_ROWS_FINE,
+                    "aiter_sage: q_scale_rows must be ", SAGE_SCALE_BLOCK, " or ",
+                    SAGE_Q_SCALE_ROWS_FINE, " (query rows per Q scale), got ", q_scale_rows);
+  return int32_t(q_scale_rows);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-entry lengths (SageParams::q_lens / kv_lens): optional int32/int64 [batch] tensors on the
 // inputs' device or on the CPU. Their values are checked where they are already on the host;
@@ -525,7 +534,7 @@ void validate(SageParams p, Check check) {
 // check_params reads of them); run_prepare puts the real ones in.
 SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           std::optional<double> softmax_scale, const NormRope& nr, bool smooth_k,
-                          const std::string& pv_dtype, bool shapes_only) {
+                          const std::string& pv_dtype, int64_t q_scale_rows, bool shapes_only) {
   check_qkv(q, k, v);
   const at::Device device = q.device();
   check_supported_device(device, shapes_only);
@@ -537,6 +546,7 @@ SageParams prepare_params(const at::Tensor& q, const at::Tensor& k, const at::Te
   p.q_prescale = checked_q_prescale(resolve_scale(softmax_scale, sh.D));
   p.smooth_k = smooth_k ? 1 : 0;
   p.pv_dtype = pv_dtype_code(pv_dtype);
+  p.q_scale_rows = q_scale_rows_code(q_scale_rows);
   TORCH_CHECK_VALUE(nr.q_weight.has_value() == nr.k_weight.has_value(),
                     "aiter_sage: pass both query_weight and key_weight, or neither");
   TORCH_CHECK_VALUE(nr.cos.has_value() == nr.sin.has_value(),
@@ -622,7 +632,17 @@ SageParams fwd_params(const Prepared6& in, int64_t seq_len, std::optional<int64_
                     kv_len_arg ? "kv_len " : "seq_len (the key length unless kv_len is given) ",
                     kv_len, " does not fit the padded length ", Skv_pad, " of k_int8");
   check_prepared(in.q8, "q_int8", at::kChar, {B, Sq_pad, Hq, D}, device);
-  check_prepared(in.q_scale, "q_scale", at::kFloat, {B, Hq, sage::scale_blocks(Sq_pad)}, device);
+  // The Q granularity follows q_scale's shape: Sq_pad / 32 scales (upstream's) or Sq_pad / 16
+  // (prepare's q_scale_rows=16). Sq_pad is a multiple of 32, so the two never coincide.
+  const std::vector<int64_t> qs32{B, Hq, sage::scale_blocks(Sq_pad)},
+      qs16{B, Hq, sage::scale_blocks(Sq_pad, SAGE_Q_SCALE_ROWS_FINE)};
+  const bool q16 = in.q_scale.sizes() == at::IntArrayRef(qs16);
+  TORCH_CHECK_VALUE(q16 || in.q_scale.sizes() == at::IntArrayRef(qs32),
+                    "aiter_sage: prepared q_scale must have shape ", at::IntArrayRef(qs32),
+                    " (one scale per 32 query rows) or ", at::IntArrayRef(qs16),
+                    " (q_scale_rows=16), got ", in.q_scale.sizes(),
+                    " (pass the tensors gfx1201_sage_prepare returned)");
+  check_prepared(in.q_scale, "q_scale", at::kFloat, q16 ? qs16 : qs32, device);
   check_prepared(in.k8, "k_int8", at::kChar, {B, Skv_pad, Hkv, D}, device);
   check_prepared(in.k_scale, "k_scale", at::kFloat, {B, Hkv, sage::scale_blocks(Skv_pad)}, device);
   // The P.V mode comes from the prepared V's dtype: e4m3 (or its uint8 bits) or float16.
@@ -639,6 +659,7 @@ SageParams fwd_params(const Prepared6& in, int64_t seq_len, std::optional<int64_
   p.out_dtype = sage_dtype_of(out_dtype);
   p.mask = is_causal ? SAGE_MASK_CAUSAL : SAGE_MASK_NONE;
   p.pv_dtype = pv_fp16 ? SAGE_PV_FP16 : SAGE_PV_FP8;
+  p.q_scale_rows = q16 ? SAGE_Q_SCALE_ROWS_FINE : SAGE_SCALE_BLOCK;
   p.out_rows = p.q_len_pad;
   return p;
 }
@@ -676,7 +697,7 @@ void add_prepare(Budget& b, const SageParams& p, const at::Tensor& q, const at::
                  const at::Tensor& v, const NormRope& nr, int64_t align) {
   const int64_t B = p.batch, Hq = p.heads_q, Hkv = p.heads_kv, Dp = p.head_dim_pad;
   const int64_t v_code = p.pv_dtype == SAGE_PV_FP16 ? 2 : 1, f32 = 4;
-  b.prepared += B * p.q_len_pad * Hq * Dp + B * Hq * sage::scale_blocks(p.q_len_pad) * f32;
+  b.prepared += B * p.q_len_pad * Hq * Dp + B * Hq * sage::q_scale_blocks(p) * f32;
   b.prepared += B * p.kv_len_pad * Hkv * Dp + B * Hkv * sage::scale_blocks(p.kv_len_pad) * f32;
   b.prepared += B * Hkv * Dp * p.kv_len_pad * v_code + B * Hkv * Dp * f32;
   b.prepared += B * Hkv * SAGE_V_AMAX_SPLITS * Dp * f32;
@@ -733,7 +754,7 @@ PrepareResult run_prepare(SageParams& p, const at::Tensor& q_in, const at::Tenso
   auto i8 = q.options().dtype(at::kChar);
   auto f32 = q.options().dtype(at::kFloat);
   at::Tensor q8 = new_tensor({B, p.q_len_pad, Hq, Dp}, i8);
-  at::Tensor q_scale = new_tensor({B, Hq, sage::scale_blocks(p.q_len_pad)}, f32);
+  at::Tensor q_scale = new_tensor({B, Hq, sage::q_scale_blocks(p)}, f32);
   at::Tensor k8 = new_tensor({B, p.kv_len_pad, Hkv, Dp}, i8);
   at::Tensor k_scale = new_tensor({B, Hkv, sage::scale_blocks(p.kv_len_pad)}, f32);
   const bool pv_fp16 = p.pv_dtype == SAGE_PV_FP16;
@@ -808,17 +829,16 @@ std::tuple<at::Tensor, at::Tensor> run_attention(SageParams& p, const Prepared6&
 // Op kernels. The schemas are aiter_sage/signatures.py's (registered from Python); these take
 // their arguments in that order.
 // ---------------------------------------------------------------------------------------------
-PreparedTuple prepare_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                         std::optional<double> softmax_scale,
-                         const std::optional<at::Tensor>& query_weight,
-                         const std::optional<at::Tensor>& key_weight,
-                         const std::optional<at::Tensor>& cosine,
-                         const std::optional<at::Tensor>& sine, double eps,
-                         const std::optional<at::Tensor>& q_lens,
-                         const std::optional<at::Tensor>& kv_lens, bool smooth_k,
-                         std::string pv_dtype, std::optional<std::string> backend) {
+PreparedTuple prepare_op(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
+    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
+    const std::optional<at::Tensor>& sine, double eps, const std::optional<at::Tensor>& q_lens,
+    const std::optional<at::Tensor>& kv_lens, bool smooth_k, std::string pv_dtype,
+    int64_t q_scale_rows, std::optional<std::string> backend) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
+  SageParams p =
+      prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, q_scale_rows, false);
   validate(p, Check::kPrepare);
   const auto held = set_lengths(p, {q_lens, kv_lens}, query.device(), false);
   const Backend& be = backend_for(query.device(), backend);
@@ -848,24 +868,20 @@ std::tuple<at::Tensor, at::Tensor> fwd_any(const at::Tensor& q_int8, const at::T
   return run_attention(p, in, return_lse, be);
 }
 
-at::Tensor fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
-                  const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
-                  int64_t seq_len, const std::optional<at::Tensor>& q_lens,
-                  const std::optional<at::Tensor>& kv_lens, std::optional<int64_t> kv_len,
-                  bool is_causal, std::optional<at::ScalarType> out_dtype,
-                  std::optional<std::string> backend) {
-  return std::get<0>(fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
-                             is_causal, out_dtype, {q_lens, kv_lens}, backend, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> fwd_lse_op(
-    const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
-    const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale, int64_t seq_len,
-    const std::optional<at::Tensor>& q_lens, const std::optional<at::Tensor>& kv_lens,
-    std::optional<int64_t> kv_len, bool is_causal, std::optional<at::ScalarType> out_dtype,
-    std::optional<std::string> backend) {
-  return fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len, is_causal,
-                 out_dtype, {q_lens, kv_lens}, backend, true);
+// An op and its `_lse` companion take the same arguments: kLse picks the output (the tensor,
+// or the pair with the LSE). The deduced return type makes TORCH_FN's use instantiate them.
+template <bool kLse>
+auto fwd_op(const at::Tensor& q_int8, const at::Tensor& q_scale, const at::Tensor& k_int8,
+            const at::Tensor& k_scale, const at::Tensor& v_fp8, const at::Tensor& v_scale,
+            int64_t seq_len, const std::optional<at::Tensor>& q_lens,
+            const std::optional<at::Tensor>& kv_lens, std::optional<int64_t> kv_len, bool is_causal,
+            std::optional<at::ScalarType> out_dtype, std::optional<std::string> backend) {
+  auto result = fwd_any(q_int8, q_scale, k_int8, k_scale, v_fp8, v_scale, seq_len, kv_len,
+                        is_causal, out_dtype, {q_lens, kv_lens}, backend, kLse);
+  if constexpr (kLse)
+    return result;
+  else
+    return std::get<0>(result);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention_any(
@@ -873,12 +889,13 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
     std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
     const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
     const std::optional<at::Tensor>& sine, double eps, bool is_causal, bool smooth_k,
-    const std::string& pv_dtype, const Lengths& lens, std::optional<std::string> backend,
-    bool return_lse) {
+    const std::string& pv_dtype, int64_t q_scale_rows, const Lengths& lens,
+    std::optional<std::string> backend, bool return_lse) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
   // One SageParams for both launches, validated once: the attention reads the prepared
   // tensors prepare writes into it, and writes the inputs' shape (head dim, real rows).
-  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, false);
+  SageParams p =
+      prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, q_scale_rows, false);
   set_attention_fields(p, is_causal);
   validate(p, Check::kPrepareThenAttention);
   const auto held = set_lengths(p, lens, query.device(), false);
@@ -892,29 +909,22 @@ std::tuple<at::Tensor, at::Tensor> attention_any(
   return run_attention(p, {q8, qs, k8, ks, v8, vs}, return_lse, be);
 }
 
-at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                        std::optional<double> softmax_scale,
-                        const std::optional<at::Tensor>& query_weight,
-                        const std::optional<at::Tensor>& key_weight,
-                        const std::optional<at::Tensor>& cosine,
-                        const std::optional<at::Tensor>& sine, double eps,
-                        const std::optional<at::Tensor>& q_lens,
-                        const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k,
-                        std::string pv_dtype, std::optional<std::string> backend) {
-  return std::get<0>(attention_any(query, key, value, softmax_scale, query_weight, key_weight,
-                                   cosine, sine, eps, is_causal, smooth_k, pv_dtype,
-                                   {q_lens, kv_lens}, backend, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> attention_lse_op(
-    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    std::optional<double> softmax_scale, const std::optional<at::Tensor>& query_weight,
-    const std::optional<at::Tensor>& key_weight, const std::optional<at::Tensor>& cosine,
-    const std::optional<at::Tensor>& sine, double eps, const std::optional<at::Tensor>& q_lens,
-    const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k, std::string pv_dtype,
-    std::optional<std::string> backend) {
-  return attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine,
-                       eps, is_causal, smooth_k, pv_dtype, {q_lens, kv_lens}, backend, true);
+template <bool kLse>
+auto attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                  std::optional<double> softmax_scale,
+                  const std::optional<at::Tensor>& query_weight,
+                  const std::optional<at::Tensor>& key_weight,
+                  const std::optional<at::Tensor>& cosine, const std::optional<at::Tensor>& sine,
+                  double eps, const std::optional<at::Tensor>& q_lens,
+                  const std::optional<at::Tensor>& kv_lens, bool is_causal, bool smooth_k,
+                  std::string pv_dtype, int64_t q_scale_rows, std::optional<std::string> backend) {
+  auto result =
+      attention_any(query, key, value, softmax_scale, query_weight, key_weight, cosine, sine, eps,
+                    is_causal, smooth_k, pv_dtype, q_scale_rows, {q_lens, kv_lens}, backend, kLse);
+  if constexpr (kLse)
+    return result;
+  else
+    return std::get<0>(result);
 }
 
 // The fake implementations' checks: the same rules on meta/fake tensors (no launch). The fakes
@@ -925,10 +935,12 @@ void check_prepare_meta(const at::Tensor& query, const at::Tensor& key, const at
                         const std::optional<at::Tensor>& key_weight,
                         const std::optional<at::Tensor>& cosine,
                         const std::optional<at::Tensor>& sine, double eps, bool smooth_k,
-                        const std::string& pv_dtype, const std::optional<at::Tensor>& q_lens,
+                        const std::string& pv_dtype, int64_t q_scale_rows,
+                        const std::optional<at::Tensor>& q_lens,
                         const std::optional<at::Tensor>& kv_lens) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
+  SageParams p =
+      prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, q_scale_rows, true);
   validate(p, Check::kPrepare);
   set_lengths(p, {q_lens, kv_lens}, query.device(), true);
 }
@@ -939,11 +951,12 @@ void check_attention_meta(const at::Tensor& query, const at::Tensor& key, const 
                           const std::optional<at::Tensor>& key_weight,
                           const std::optional<at::Tensor>& cosine,
                           const std::optional<at::Tensor>& sine, double eps, bool is_causal,
-                          bool smooth_k, const std::string& pv_dtype,
+                          bool smooth_k, const std::string& pv_dtype, int64_t q_scale_rows,
                           const std::optional<at::Tensor>& q_lens,
                           const std::optional<at::Tensor>& kv_lens) {
   NormRope nr{query_weight, key_weight, cosine, sine, eps};
-  SageParams p = prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, true);
+  SageParams p =
+      prepare_params(query, key, value, softmax_scale, nr, smooth_k, pv_dtype, q_scale_rows, true);
   set_attention_fields(p, is_causal);
   validate(p, Check::kPrepareThenAttention);
   set_lengths(p, {q_lens, kv_lens}, query.device(), true);
@@ -966,10 +979,10 @@ std::unique_ptr<torch::Library> g_cpu_lib, g_gpu_lib;
 template <class Lib>
 void impl_all(Lib& lib) {
   lib.impl("gfx1201_sage_prepare", TORCH_FN(prepare_op));
-  lib.impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op));
-  lib.impl("gfx1201_sage_attention_fwd_lse", TORCH_FN(fwd_lse_op));
-  lib.impl("gfx1201_sage_attention", TORCH_FN(attention_op));
-  lib.impl("gfx1201_sage_attention_lse", TORCH_FN(attention_lse_op));
+  lib.impl("gfx1201_sage_attention_fwd", TORCH_FN(fwd_op<false>));
+  lib.impl("gfx1201_sage_attention_fwd_lse", TORCH_FN(fwd_op<true>));
+  lib.impl("gfx1201_sage_attention", TORCH_FN(attention_op<false>));
+  lib.impl("gfx1201_sage_attention_lse", TORCH_FN(attention_op<true>));
 }
 
 // The schemas are defined by aiter_sage/ops.py (from aiter_sage/signatures.py) before this runs.

@@ -477,7 +477,7 @@ struct Consumer {
   static constexpr int kOAcc = kDim / 2;  // f32 accumulators of O per thread
   int g, t, warp;                         // lane / 4, lane % 4, warp within the warpgroup
   int row0;                               // query row of this thread's first row (g)
-  float qs;                               // Q scale of the thread's rows (one 32-row block)
+  float qs;                               // Q scale of the thread's rows (row0, row0 + 8)
   float m[2], l[2];                       // running max (log2 units), partial row sums
   float o[kOAcc];
   uint32_t pa[T::kPvSteps][4];  // P (e4m3 or FP16) as A fragments, one per P.V k step
@@ -953,7 +953,9 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
   c.row0 = wg_row0 + 16 * c.warp + c.g;
   const int64_t hq_lin = head_index(p.heads_q, w.b, w.hq);
   const int64_t hkv_lin = head_index(p.heads_kv, w.b, w.hkv);
-  c.qs = c.row0 < p.q_len_pad ? p.q_scale[qk_scale_offset(hq_lin, p.q_len_pad, c.row0)] : 0.0f;
+  // Rows row0 and row0 + 8 lie in the warp's 16 rows: one Q scale block whether it is 32 rows
+  // or, with q_scale_rows 16, 16 (q_scale_offset).
+  c.qs = c.row0 < p.q_len_pad ? p.q_scale[q_scale_offset(p, hq_lin, c.row0)] : 0.0f;
   SageParams pk = p;  // k_scale of this kv head, kv_len of this entry (the masks' bound)
   pk.k_scale = p.k_scale + hkv_lin * scale_blocks(p.kv_len_pad);
   pk.kv_len = w.kv_len;
@@ -1081,8 +1083,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
 SAGE_DEFINE_MODULE_ABI("module_gfx1201_sage_attention target=cuda sm_90a")
 
 namespace {
-// All of contract v2, FP16 P.V (the kPv16 kernels) included. The cuda prepare is
-// csrc/simt/prepare.hip's and checks its own features.
+// All of contract v2, FP16 P.V (the kPv16 kernels) and 16-row Q scales included. The cuda
+// prepare is csrc/simt/prepare.hip's and checks its own features.
 constexpr sage::Features kCudaFeatures = sage::kAllFeatures;
 
 // cuTensorMapEncodeTiled, from the driver through the runtime's entry-point query (the module

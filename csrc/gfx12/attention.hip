@@ -15,7 +15,8 @@
 // and mask; everything else (GQA's
 // kv head, out_dtype, head_dim, LSE, lse_corr) is read at run time outside the main loop. Work
 // split (AttnTraits): a 128-thread workgroup owns 128 queries of one (batch, head); each
-// of its 4 waves owns 32 queries (one Q scale block). K and V tiles of 32 keys are staged in
+// of its 4 waves owns 32 queries (one Q scale block; with q_scale_rows 16 each of its two
+// 16-query WMMA blocks has its own Q scale). K and V tiles of 32 keys are staged in
 // LDS, shared by the 4 waves, double-buffered, with one barrier per tile. The padded lengths
 // are multiples of 32 (upstream's layout), so a wave whose 32 queries lie past the real
 // queries only helps stage K/V, and the last KV tile's V bytes past kv_len are zeroed when
@@ -79,8 +80,9 @@ struct AttnTraits {
   static constexpr int kQueriesPerGroup = kWaves * kQueriesPerWave;  // 128
   // 32 keys per tile: the Sᵀ tile is 32 VGPRs and the per-thread staging of the next tile 16
   // VGPRs (D = 128), which keeps the kernel under 256 VGPRs with no scratch (a 64-key tile
-  // would need ~50 more). One tile = one K scale block, and one wave = one Q scale block, so
-  // the score scale q_scale·k_scale is a single wave-uniform float per tile.
+  // would need ~50 more). One tile = one K scale block, and one 16-query block = one Q scale
+  // at either granularity (32 rows: both blocks of a wave share it; q_scale_rows 16: one
+  // each), so the score scale q_scale·k_scale is a wave-uniform float per tile and block.
   static constexpr int kTileKeys = kKTileKeys;             // 32
   static constexpr int kKeyChunks = kTileKeys / kWmmaDim;  // 2
   static constexpr int kQkSteps = D / kWmmaDim;            // 8 / 4 WMMA K-steps over channels
@@ -108,8 +110,10 @@ struct AttnTraits {
   static constexpr int kKPiecesPerThread = kKTileBytes / 16 / kThreads;           // 2 / 1 x 16 B
   static constexpr int kVPiecesPerThread = kVTileBytes / 16 / kThreads;  // 2 / 1 (FP16 4 / 2)
 
-  static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK,
-                "one Q scale per wave and one K scale per tile");
+  static_assert(kQueriesPerWave == SAGE_SCALE_BLOCK && kTileKeys == SAGE_SCALE_BLOCK &&
+                    kWmmaDim == SAGE_Q_SCALE_ROWS_FINE,
+                "one Q scale per 16-query block (32-row scales: one per wave) and one K scale "
+                "per tile");
   static_assert(SAGE_SEQ_ALIGN % kTileKeys == 0 && SAGE_SEQ_ALIGN % kQueriesPerWave == 0,
                 "KV tiles and wave query blocks divide the padded sequence: in-bounds loads");
   static_assert(kStageBytes % 16 == 0, "16-byte aligned LDS accesses in both stages");
@@ -297,12 +301,15 @@ struct TileP {
 };
 
 // First half of a tile: Sᵀ = K·Qᵀ from the K stage, then the online-softmax update.
-// `score_scale` = q_scale·k_scale; kMasked: the lane's query of block qb sees only the tile
-// keys < keys_valid[qb] (beyond kv_len, or causally masked). Tile key 0 is always seen.
+// Query block qb's score scale is q_scale[qb]·k_scale (wave-uniform; one product per tile and
+// block: with 32-row Q scales both blocks hold the same q_scale, and the FP8 kernels' loop is
+// the one of a single product but for one SALU multiply). kMasked: the lane's query of block
+// qb sees only the tile keys < keys_valid[qb] (beyond kv_len, or causally masked). Tile key 0
+// is always seen.
 template <bool kMasked, class T, class L>
 SAGE_DEVICE TileP<T::kPv16> score_tile(const L* lds, int stage, const LdsLanes& ll,
-                                       float score_scale, const int (&keys_valid)[T::kQBlocks],
-                                       WaveState<T>& ws) {
+                                       const float (&q_scale)[T::kQBlocks], float k_scale,
+                                       const int (&keys_valid)[T::kQBlocks], WaveState<T>& ws) {
   static_assert(T::kKeyChunks == 2 && T::kQBlocks == 2, "TileP");
   const int lane = sage_lane_id();
   const int kbase = stage_base<T>(stage) + ll.k_read;
@@ -359,6 +366,7 @@ SAGE_DEVICE TileP<T::kPv16> score_tile(const L* lds, int stage, const LdsLanes& 
     // Key 0 of a processed tile is always valid, so fmax_b is 1.5·2^23 + a real dot.
     const float fmax_b = bits_f32(uint32_t(fbits));
     // The tile's row max of t = dot · score_scale (score_scale > 0 keeps the order).
+    const float score_scale = q_scale[qb] * k_scale;
     const float m_tile = (fmax_b - kScoreBias) * score_scale;
     const float m_new = sage_fmaxf(ws.m[qb], m_tile);
     const float alpha = sage_exp2f(ws.m[qb] - m_new);  // first tile: exp2(-inf) = 0
@@ -609,8 +617,14 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
 #pragma unroll
     for (int cb = 0; cb < T::kChannelBlocks; ++cb) ws.acc[qb][cb] = v8f32{0, 0, 0, 0, 0, 0, 0, 0};
   }
-  const float q_scale =
-      has_queries ? sage_gload<float>(p.q_scale, 4 * qk_scale_offset(head, p.q_len_pad, q0)) : 0.0f;
+  // The Q scales of the wave's two query blocks: at upstream's 32-row granularity both read
+  // the wave's one scale, with q_scale_rows 16 each its own (q_scale_offset).
+  float q_scale[T::kQBlocks];
+#pragma unroll
+  for (int qb = 0; qb < T::kQBlocks; ++qb)
+    q_scale[qb] = has_queries
+                      ? sage_gload<float>(p.q_scale, 4 * q_scale_offset(p, head, q0 + 16 * qb))
+                      : 0.0f;
   const float* k_scales = p.k_scale + qk_scale_offset(kv_head, p.kv_len_pad, 0);
 
   store_tile(lds, 0, ll, st);
@@ -621,9 +635,9 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
   // every wave at the same point (a wave without queries skips only the compute).
   if (has_queries) {
     for (int t = 0; t + 1 < wave_tiles; ++t) {
-      const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
+      const float k_scale = sage_gload<float>(k_scales, 4 * t);
       const int full[T::kQBlocks] = {T::kTileKeys, T::kTileKeys};
-      const TileP<kPv16> tp = score_tile<false>(lds, t & 1, ll, score_scale, full, ws);
+      const TileP<kPv16> tp = score_tile<false>(lds, t & 1, ll, q_scale, k_scale, full, ws);
       st = load_tile(hv, t + 1);
       accumulate_pv<false>(lds, t & 1, ll, tp, T::kTileKeys, ws);
       // The other stage was last read in iteration t - 1, before the barrier that ended it.
@@ -652,8 +666,8 @@ SAGE_DEVICE void attention_fwd(L* lds, const SageParams& p) {
     for (int qb = 0; qb < T::kQBlocks; ++qb)
       row_keys[qb] =
           kCausal ? int(causal_keys_seen(q0 + 16 * qb + r, kv_len)) - t * T::kTileKeys : keys_valid;
-    const float score_scale = q_scale * sage_gload<float>(k_scales, 4 * t);
-    const TileP<kPv16> tp = score_tile<true>(lds, t & 1, ll, score_scale, row_keys, ws);
+    const float k_scale = sage_gload<float>(k_scales, 4 * t);
+    const TileP<kPv16> tp = score_tile<true>(lds, t & 1, ll, q_scale, k_scale, row_keys, ws);
     accumulate_pv<true>(lds, t & 1, ll, tp, keys_valid, ws);
   }
   if (kCausal) {

@@ -9,7 +9,8 @@
 //               sums). (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its 132
 //               SMs at B1 H24.)
 //   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
-//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale. Rows past
+//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale (Q with
+//               q_scale_rows 16: an amax, scale and codes per 16-row half). Rows past
 //               the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
@@ -55,12 +56,10 @@ struct PrepTraits {
   // block's 8 (4) KiB at once, then reduces and stores. Measured when one build served every
   // call: left free, ptxas took 127 registers, 4 blocks fit, and the kernel streamed ~1 TB/s on
   // an H200 (302 us at B1 H24 S16384); at 8 blocks (64 registers) 210 us, 6 blocks 222 us. The
-  // plain build recomputes a pass's values from its raw loads (qk_body's refresh), so 12 blocks
-  // fit 40 registers at Dp 128 and 16 fit 32 at Dp 64 without a stack frame; FP16 inputs at Dp
-  // 128 (their exact decode) fit 9 (55 registers; at 10 and 11 ptxas used a stack frame).
-  static constexpr int kQkNvBlocks = kHeadDim == SAGE_HEAD_DIM_SMALL ? 16
-                                     : kInDtype == SAGE_DTYPE_FP16   ? 9
-                                                                     : 12;
+  // plain build recomputes a pass's values from its raw loads (qk_body's refresh), so 9 blocks
+  // fit at Dp 128 (55 registers) and 10 at Dp 64 (48) without a stack frame (one more of each
+  // spilled, with q_scale_rows 16's second maximum and reciprocal).
+  static constexpr int kQkNvBlocks = kHeadDim == SAGE_HEAD_DIM_SMALL ? 10 : 9;
   // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
   // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
@@ -81,6 +80,8 @@ struct PrepTraits {
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
   static_assert(kHeadDim == SAGE_HEAD_DIM_SMALL || kHeadDim == SAGE_HEAD_DIM_LARGE, "");
   static_assert(kQkPasses * kQkRowsPerPass == SAGE_SCALE_BLOCK, "qk covers a scale block");
+  static_assert(SAGE_Q_SCALE_ROWS_FINE % kQkRowsPerPass == 0,
+                "q_scale_rows 16: no pass straddles the block's two 16-row halves (prep_half)");
   static_assert(kChunk == kNormLanes && kHeadDim % kNormChannelsPerRound == 0,
                 "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
   static_assert(kVsThreads <= 512 && kWaveSize % kLanesPerRow == 0, "rows never straddle waves");
@@ -337,6 +338,28 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
   }
 }
 
+// The maxima of amax[j] (j < N) over the qk workgroup's lanes: a wave butterfly, then the
+// waves through `lds` (N x kQkThreads floats; every lane stores its copy, so the LDS traffic
+// stays convergent and race free). Every thread of the workgroup calls it (one barrier).
+template <class T, int N, class L>
+SAGE_DEVICE void workgroup_amax(float (&amax)[N], L* lds, int tid, int wave) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+#pragma unroll
+    for (int n = kWaveSize / 2; n >= 1; n /= 2)
+      amax[j] = nan_max(amax[j], sage_shfl_xor(amax[j], n));
+    sage_lds_store(lds, 4 * (j * T::kQkThreads + tid), amax[j]);
+  }
+  sage_barrier();
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int wv = 0; wv < T::kQkThreads / kWaveSize; ++wv)
+      if (wv != wave)
+        amax[j] =
+            nan_max(amax[j], sage_lds_load<float>(lds, 4 * (j * T::kQkThreads + wv * kWaveSize)));
+}
+
 // ============================================================================ kernel 2 =====
 // One workgroup per 32-row scale block of Q or K. Grid (Sq_pad/32 + ceil((Skv_pad/32) / G), Hq,
 // B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
@@ -384,7 +407,10 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   };
   // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i.
   float x[T::kQkPasses][T::kChunk];
-  float amax = 0.0f;
+  // |x| maxima of the block's two 16-row halves (passes [0, kQkPasses / 2) and the rest): a
+  // scale each for Q with q_scale_rows 16, else combined into the block's one.
+  float amax[2] = {0.0f, 0.0f};
+  const auto half_of = [](int pass) { return prep_half(pass, T::kQkThreads, T::kLanesPerRow); };
   RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
 #pragma unroll
   for (int pass = 0; pass < T::kQkPasses; ++pass) {
@@ -400,7 +426,7 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) {
       x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
-      amax = nan_max(amax, sage_fabsf(x[pass][i]));
+      amax[half_of(pass)] = nan_max(amax[half_of(pass)], sage_fabsf(x[pass][i]));
     }
   }
   if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
@@ -417,16 +443,21 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
                            s < len ? corr : 0.0f);
     }
   }
-  // Block amax: wave butterfly, then the 4 waves through LDS (every lane stores its copy, so
-  // the LDS traffic stays convergent and race free).
-#pragma unroll
-  for (int n = kWaveSize / 2; n >= 1; n /= 2) amax = nan_max(amax, sage_shfl_xor(amax, n));
-  sage_lds_store(block_max, 4 * tid, amax);
-  sage_barrier();
-#pragma unroll
-  for (int wv = 0; wv < T::kQkThreads / kWaveSize; ++wv)
-    if (wv != wave) amax = nan_max(amax, sage_lds_load<float>(block_max, 4 * wv * kWaveSize));
-  const float scale = int8_block_scale(amax);
+  // The scales: Q with q_scale_rows 16 one per half, each over the workgroup; otherwise one
+  // per block (the halves combined first: nan_max(lo, hi) keeps the first NaN in pass order,
+  // as one running maximum over the passes does). Uniform over the workgroup.
+  const bool halves = is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
+  float scale[2];
+  if (halves) {
+    SAGE_LDS(float, half_max, 2 * T::kQkThreads);
+    workgroup_amax<T>(amax, half_max, tid, wave);
+    scale[0] = int8_block_scale(amax[0]);
+    scale[1] = int8_block_scale(amax[1]);
+  } else {
+    float block[1] = {nan_max(amax[0], amax[1])};
+    workgroup_amax<T>(block, block_max, tid, wave);
+    scale[0] = scale[1] = int8_block_scale(block[0]);
+  }
   // The plain build's values of a pass again, from its raw loads, right before they are
   // quantized (finish_row without norm / RoPE is the unpack alone; the same operations, so the
   // same bits): x's registers end at the maximum, and kQkNvBlocks workgroups fit (PrepTraits).
@@ -445,12 +476,13 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
 #endif
   };
 
-  // The 8 codes of a pass, packed (quant: value -> int8 code).
+  // The 8 codes of a pass, packed (quant: value, the pass's scale -> int8 code).
   const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
+    const float sc = scale[half_of(pass)];
     word[0] = word[1] = 0;
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i)
-      word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i]))) << (8 * (i % 4));
+      word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], sc))) << (8 * (i % 4));
   };
   // codes(pass, word): fills the pass's packed codes.
   const auto store_codes = [&](auto codes) {
@@ -464,30 +496,37 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
                          v2i32{int(word[0]), int(word[1])});
     }
   };
-  const auto normal = [&](float v) { return quant_i8_normal(v, scale); };
+  const auto normal = [](float v, float sc) { return quant_i8_normal(v, sc); };
+  const bool all_normal = int8_scale_is_normal(scale[0]) && int8_scale_is_normal(scale[1]);
   // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
   // (quant_i8_normal); the branch is uniform over the workgroup. The cuda build goes further
-  // (SAGE_QUANT_I8_RECIP): a multiply by the block's 1/s where quant.h's proof vouches for the
+  // (SAGE_QUANT_I8_RECIP): a multiply by the scale's 1/s where quant.h's proof vouches for the
   // code, the division for a pass with a value it does not (rare: near the k + 1/2 boundaries).
 #if defined(SAGE_QUANT_I8_RECIP)
-  if (int8_scale_is_normal(scale) && int8_recip_ok(scale)) {
-    const float recip = sage_rcpf(scale);
+  if (all_normal && int8_recip_ok(scale[0]) && int8_recip_ok(scale[1])) {
+    const float recip[2] = {sage_rcpf(scale[0]), sage_rcpf(scale[1])};
     store_codes([&](int pass, uint32_t(&word)[2]) {
       bool unsure = false;
-      pack_codes(pass, [&](float v) { return quant_i8_recip(v, recip, unsure); }, word);
+      const float r = recip[half_of(pass)];
+      pack_codes(pass, [&](float v, float) { return quant_i8_recip(v, r, unsure); }, word);
       if (unsure) pack_codes(pass, normal, word);
     });
   } else
 #endif
-      if (int8_scale_is_normal(scale))
+      if (all_normal)
     store_codes([&](int pass, uint32_t(&word)[2]) { pack_codes(pass, normal, word); });
   else
     store_codes([&](int pass, uint32_t(&word)[2]) {
-      pack_codes(pass, [&](float v) { return quant_i8(v, scale); }, word);
+      pack_codes(pass, [](float v, float sc) { return quant_i8(v, sc); }, word);
     });
-  if (tid == 0)
-    sage_gstore<float>(out_scale, 4 * qk_scale_offset(head, len_pad, blk * SAGE_SCALE_BLOCK),
-                       scale);
+  if (tid == 0) {
+    const int s = blk * SAGE_SCALE_BLOCK;
+    const auto scale_at = [&](int row) {
+      return is_q ? q_scale_offset(p, head, row) : qk_scale_offset(head, len_pad, row);
+    };
+    sage_gstore<float>(out_scale, 4 * scale_at(s), scale[0]);
+    if (halves) sage_gstore<float>(out_scale, 4 * scale_at(s + SAGE_Q_SCALE_ROWS_FINE), scale[1]);
+  }
 }
 
 // ============================================================================ kernel 3 =====

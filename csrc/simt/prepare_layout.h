@@ -25,6 +25,13 @@ SAGE_HD constexpr int prep_row(int tid, int pass, int threads,
                                int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
   return tid / lanes + pass * (threads / lanes);
 }
+// The 16-row half (0 or 1) of its 32-row block that every row of pass `pass` lies in: with
+// q_scale_rows 16 each half of a Q block has a scale of its own. A pass covers threads / lanes
+// consecutive rows (8 at Dp 128, 16 at Dp 64), so no pass straddles the two halves.
+SAGE_HD constexpr int prep_half(int pass, int threads,
+                                int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
+  return pass * (threads / lanes) / SAGE_Q_SCALE_ROWS_FINE;
+}
 // RoPE partner chunk of chunk c (c < rope_dim / 8): channels c*8 +- rope_dim/2.
 SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
   return c < rope_dim / 16 ? c + rope_dim / 16 : c - rope_dim / 16;

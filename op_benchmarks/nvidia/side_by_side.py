@@ -7,7 +7,8 @@ method (bench_gfx1201_sage_attention.py's), at the shapes the README's NVIDIA ta
 Speed rows: randn inputs, providers sage (prepare + attention), sage_core (attention alone),
 sage2 / sage2_nosmooth (SageAttention2 with its smooth_k on / off, quantization included) and
 sdpa_cudnn, every output scored against the FP32 reference. Accuracy rows (--dit): DiT-like
-inputs with smooth_k on both sides. Prints one markdown table per kind; the last column of the
+inputs with smooth_k on both sides, ours also with q_scale_rows=16 (SageAttention2's 16-row Q
+blocks). Prints one markdown table per kind; the last column of the
 speed table is our full call's speedup over the faster SageAttention2 setting. Without the
 sageattention package the sage2 columns stay empty (the bench says why).
 """
@@ -38,14 +39,17 @@ DIT_SHAPES = (
     ("DiT-like B1 H24 S4096 D128", 1, 24, 4096, 128, False),
     ("DiT-like B1 H24 S16384 D128", 1, 24, 16384, 128, False),
 )
+# The same DiT rows with our q_scale_rows=16 (SageAttention2 is measured once, above).
+DIT_Q16_SHAPES = tuple((f"{label}, q_scale_rows 16", *rest) for label, *rest in DIT_SHAPES)
 SPEED_PROVIDERS = ["sage", "sage_core", "sage2", "sage2_nosmooth", "sdpa_cudnn"]
 DIT_PROVIDERS = ["sage", "sage2"]
+DIT_Q16_PROVIDERS = ["sage"]
 
 
-def rows_for(shapes, providers, dit, rounds):
+def rows_for(shapes, providers, dit, rounds, q_scale_rows=32):
     out = []
     for label, b, h, s, d, causal in shapes:
-        args = parse_bench(b, h, s, d, causal, providers, dit, rounds)
+        args = parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows)
         for r in bench.run(args):
             out.append({"shape": label, **r})
             print(
@@ -55,10 +59,11 @@ def rows_for(shapes, providers, dit, rounds):
     return out
 
 
-def parse_bench(b, h, s, d, causal, providers, dit, rounds):
+def parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows=32):
     argv = ["--backend", "cuda", "-b", str(b), "-n", str(h), "-s", str(s), "--head_dim", str(d)]
     argv += ["--providers", *providers, "--compare_to_ref", "--rounds", str(rounds)]
     argv += ["--causal"] * causal + ["--dit", "--smooth_k"] * dit
+    argv += ["--q_scale_rows", str(q_scale_rows)]
     return bench.parse_args(argv)
 
 
@@ -91,6 +96,8 @@ def main(argv=None):
     rounds = 3 if a.quick else a.rounds
     speed = rows_for(shapes, SPEED_PROVIDERS, False, rounds)
     dit = [] if a.quick else rows_for(DIT_SHAPES, DIT_PROVIDERS, True, rounds)
+    if not a.quick:
+        dit += rows_for(DIT_Q16_SHAPES, DIT_Q16_PROVIDERS, True, rounds, q_scale_rows=16)
 
     def vs_sage2(prov):
         r = prov.get("sage", {})
@@ -109,7 +116,10 @@ def main(argv=None):
         )
     )
     if dit:
-        print("\nDiT-like inputs, smooth_k on both sides: rel L2 (TFLOPS in brackets):")
+        print(
+            "\nDiT-like inputs, smooth_k on both sides (ours also at q_scale_rows 16): rel L2 "
+            "(TFLOPS in brackets):"
+        )
         print(table(dit, DIT_PROVIDERS, lambda r: f"{r['rel_l2']:.4f} ({r['tflops']:.0f})"))
     if a.output:
         rows = speed + dit

@@ -209,7 +209,8 @@ def _qkv_v2(b, sq, skv, hq, hkv, d, dtype, seed):
         (72, torch.float16, 2, 2, True, False),
     ],
 )
-def test_tier_prepare_v2_bit_exact(tier, d, dtype, hq, hkv, smooth_k, fused):
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
+def test_tier_prepare_v2_bit_exact(tier, d, dtype, hq, hkv, smooth_k, fused, q_scale_rows):
     q, k, v = _qkv_v2(2, 70, 45, hq, hkv, d, dtype, seed=d)
     extra = ()
     if fused:
@@ -218,30 +219,36 @@ def test_tier_prepare_v2_bit_exact(tier, d, dtype, hq, hkv, smooth_k, fused):
         extra = (*w, *rope_tables(70, 32))
         k = torch.cat([k, k], dim=1)[:, :70]  # RoPE needs q_len == kv_len
         v = torch.cat([v, v], dim=1)[:, :70]
-    got = aiter_sage.gfx1201_sage_prepare(q, k, v, 0.1, *extra, smooth_k=smooth_k, backend="cpu")
-    assert_prepared_equal(got, ref.prepare(q, k, v, 0.1, *extra, smooth_k=smooth_k))
+    kw = dict(smooth_k=smooth_k, q_scale_rows=q_scale_rows)
+    got = aiter_sage.gfx1201_sage_prepare(q, k, v, 0.1, *extra, **kw, backend="cpu")
+    assert_prepared_equal(got, ref.prepare(q, k, v, 0.1, *extra, **kw))
 
 
 @pytest.mark.parametrize(
-    "sq,skv,hq,hkv,d,dtype,causal,smooth_k",
+    "sq,skv,hq,hkv,d,dtype,causal,smooth_k,q_scale_rows",
     [
-        (150, 150, 2, 2, 64, torch.bfloat16, True, False),
-        (97, 130, 4, 2, 40, torch.float16, True, True),  # causal with q_len != kv_len
-        (130, 97, 2, 1, 128, torch.bfloat16, True, False),
-        (70, 300, 3, 1, 96, torch.float16, False, True),
+        (150, 150, 2, 2, 64, torch.bfloat16, True, False, 32),
+        (97, 130, 4, 2, 40, torch.float16, True, True, 32),  # causal with q_len != kv_len
+        (130, 97, 2, 1, 128, torch.bfloat16, True, False, 32),
+        (70, 300, 3, 1, 96, torch.float16, False, True, 32),
+        (150, 150, 2, 2, 64, torch.bfloat16, True, False, 16),  # 16-row Q scales
+        (70, 300, 3, 1, 96, torch.float16, False, True, 16),
     ],
 )
-def test_tier_attention_v2_in_band_with_lse(tier, sq, skv, hq, hkv, d, dtype, causal, smooth_k):
+def test_tier_attention_v2_in_band_with_lse(
+    tier, sq, skv, hq, hkv, d, dtype, causal, smooth_k, q_scale_rows
+):
     """Output in the inputs' dtype with D channels, in band against FP32 attention; the LSE
     matches ref's model of the prepared tensors (common.cpu_model: the tier's P.V) to 1e-4,
     the smoothing term added back."""
     q, k, v = _qkv_v2(1, sq, skv, hq, hkv, d, dtype, seed=sq + d)
+    kw = dict(smooth_k=smooth_k, q_scale_rows=q_scale_rows)
     out, lse = aiter_sage.gfx1201_sage_attention(
-        q, k, v, is_causal=causal, smooth_k=smooth_k, return_lse=True, backend="cpu"
+        q, k, v, is_causal=causal, return_lse=True, backend="cpu", **kw
     )
     assert out.dtype == dtype and out.shape == q.shape
     assert ref.band_failures(ref.accuracy(out, ref.attention_fp32(q, k, v, is_causal=causal))) == []
-    prep, smoothing = ref.prepare(q, k, v, smooth_k=smooth_k, return_smoothing=True)
+    prep, smoothing = ref.prepare(q, k, v, return_smoothing=True, **kw)
     want = cpu_model(
         prep,
         sq,

@@ -31,6 +31,7 @@ _PARAM_FIELDS = [
         ).split()
     ],
     ("q_prescale", ctypes.c_float),
+    ("q_scale_rows", ctypes.c_int32),
     ("q_lens", ctypes.c_void_p),
     ("kv_lens", ctypes.c_void_p),
     ("q", ctypes.c_void_p),
@@ -76,7 +77,7 @@ def _module():
         lib.sage_attention_launch.argtypes = [ctypes.POINTER(SageParams), ctypes.c_void_p]
         lib.sage_module_last_error.restype = ctypes.c_char_p
         lib.sage_emu_reports_text.restype = ctypes.c_char_p
-        assert lib.sage_abi_version() == 7  # the layout of _PARAM_FIELDS
+        assert lib.sage_abi_version() == 8  # the layout of _PARAM_FIELDS
         _LIB["lib"] = lib
     return _LIB["lib"]
 
@@ -102,6 +103,7 @@ def run_kernel(
     p.in_dtype = p.out_dtype = 1 if out_dtype == torch.float16 else 0
     p.mask = 1 if causal else 0
     p.pv_dtype = 1 if pv16 else 0
+    p.q_scale_rows = sq_pad // qs.shape[-1]  # 32, or 16 for q_scale_rows=16 prepared tensors
     p.q8, p.q_scale, p.k8, p.k_scale = q8.data_ptr(), qs.data_ptr(), k8.data_ptr(), ks.data_ptr()
     if pv16:
         p.v16 = v8.data_ptr()
@@ -151,17 +153,29 @@ def _id(c):
     )
 
 
+# Every case at 32-row Q scales; q_scale_rows=16 (a Q scale per 16-query WMMA block) on the
+# cases of each head dim and mask, with GQA and smoothing among them.
+Q16_CASES = (CASES[0], CASES[1], CASES[3], CASES[4], CASES[6])
+VARIANTS = [pytest.param(c, 32, id=_id(c)) for c in CASES] + [
+    pytest.param(c, 16, id=_id(c) + "-q16") for c in Q16_CASES
+]
+
+
 @pytest.mark.parametrize("pv_dtype", ["fp8", "fp16"])
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_attention_variant_emu(case, pv_dtype):
+@pytest.mark.parametrize("case,q_scale_rows", VARIANTS)
+def test_attention_variant_emu(case, q_scale_rows, pv_dtype):
     b, sq, skv, hq, hkv, d, causal, dtype, smooth = case
     g = torch.Generator().manual_seed(sq * 131 + d * 7 + hq)
-    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    q = torch.randn(b, sq, hq, d, generator=g)
+    if q_scale_rows == 16:  # rows whose 16-row half outweighs the other: the scales differ
+        q[:, 5::32] *= 2.0
+    q = q.to(dtype)
     k = (torch.randn(b, skv, hkv, d, generator=g) + (0.5 if smooth else 0.0)).to(dtype)
     v = torch.randn(b, skv, hkv, d, generator=g).to(dtype)
     prep, smoothing = ref.prepare(
-        q, k, v, smooth_k=smooth, pv_dtype=pv_dtype, return_smoothing=True
-    )
+        q, k, v, smooth_k=smooth, pv_dtype=pv_dtype, q_scale_rows=q_scale_rows,
+        return_smoothing=True,
+    )  # fmt: skip
     out, lse = run_kernel(
         prep,
         sq,
@@ -200,16 +214,21 @@ def test_attention_variant_emu(case, pv_dtype):
     assert (lse - want_lse).abs().max() < 0.1, (lse - want_lse).abs().max()
 
 
-def test_nan_score_propagates_emu():
-    """A NaN Q scale makes its rows (one 32-row block) NaN; the other rows stay finite."""
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
+def test_nan_score_propagates_emu(q_scale_rows):
+    """A NaN Q scale makes exactly its rows NaN (a 32-row block; with q_scale_rows=16 the 16
+    rows 32-47, not the other half of their wave); the other rows stay finite."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 64, 1, 64, generator=g).to(torch.bfloat16) for _ in range(3))
-    prep = ref.prepare(q, k, v)
-    prep.q_scale[0, 0, 1] = float("nan")
+    prep = ref.prepare(q, k, v, q_scale_rows=q_scale_rows)
+    prep.q_scale[0, 0, 32 // q_scale_rows] = float("nan")
+    bad = torch.zeros(64, dtype=torch.bool)
+    bad[32 : 32 + q_scale_rows] = True
     for causal in (False, True):
         out, lse = run_kernel(prep, 64, 64, 64, causal=causal, out_dtype=torch.bfloat16, lse=True)
-        assert torch.isnan(out[0, 32:].float()).all() and torch.isfinite(out[0, :32].float()).all()
-        assert torch.isnan(lse[0, 0, 32:]).all() and torch.isfinite(lse[0, 0, :32]).all()
+        rows_nan = torch.isnan(out[0].float()).all(-1).all(-1)
+        assert torch.equal(rows_nan, bad) and torch.isfinite(out[0][~bad].float()).all()
+        assert torch.equal(torch.isnan(lse[0, 0]), bad)
 
 
 if __name__ == "__main__":

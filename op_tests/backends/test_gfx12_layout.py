@@ -77,6 +77,13 @@ int main() {
   printf("],\"prep\":[");
   for (int t = 0; t < 128; ++t) for (int pass = 0; pass < 4; ++pass)
     printf("%s[%d,%d,%d,%d]", t || pass ? "," : "", t, pass, prep_row(t, pass, 128), prep_chunk(t));
+  printf("],\"prep_half\":[");
+  for (int dp = 64; dp <= 128; dp += 64) {
+    const int lanes = prep_lanes_per_row(dp);
+    for (int t = 0; t < 128; ++t) for (int pass = 0; pass < 32 / (128 / lanes); ++pass)
+      printf("%s[%d,%d,%d,%d,%d]", dp == 64 && !t && !pass ? "" : ",", dp, t, pass,
+             prep_row(t, pass, 128, lanes), prep_half(pass, 128, lanes));
+  }
   printf("],\"rope\":[");
   int first = 1;
   for (int rd = 32; rd <= 128; rd += 32) for (int c = 0; c < rd / 8; ++c) {
@@ -435,6 +442,24 @@ def test_prepare_qk_mapping():
     for ts in lanes.values():
         t0 = min(ts)
         assert t0 % 16 == 0 and ts == set(range(t0, t0 + 16))
+
+
+def test_prepare_q_scale_halves():
+    """q_scale_rows 16 (simt/prepare_layout.h prep_half): at Dp 128 (4 passes of 8 rows) and
+    Dp 64 (2 passes of 16 rows) every row of a pass lies in the 16-row half prep_half names,
+    and each half is covered by the passes that name it, every row once."""
+    d = layouts()
+    for dp, passes in ((128, 4), (64, 2)):
+        entries = [e[1:] for e in d["prep_half"] if e[0] == dp]
+        assert len(entries) == 128 * passes
+        covered = {0: set(), 1: set()}
+        for t, pass_, row, half in entries:
+            assert row // 16 == half, (dp, t, pass_, row, half)
+            covered[half].add((row, t % (dp // 8)))
+        for half, cells in covered.items():
+            rows = range(16 * half, 16 * half + 16)
+            assert cells == {(r, c) for r in rows for c in range(dp // 8)}, (dp, half)
+        assert [h for _, p, _, h in entries if p == 0][0] == 0  # pass 0 starts the block
 
 
 def test_rope_partner():

@@ -13,6 +13,31 @@ SAGE_EXPORT int64_t sage_qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, i
 SAGE_EXPORT int64_t sage_qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {
   return sage::qk_scale_offset(head, s_pad, s);
 }
+SAGE_EXPORT int64_t sage_qk_scale_offset_rows(int64_t head, int64_t s_pad, int64_t s,
+                                              int64_t rows) {
+  return sage::qk_scale_offset(head, s_pad, s, rows);
+}
+SAGE_EXPORT int64_t sage_scale_blocks(int64_t padded, int64_t rows) {
+  return sage::scale_blocks(padded, rows);
+}
+// The Q-scale helpers of a SageParams whose q_scale_rows field holds `field` (0, 32 or 16).
+SAGE_EXPORT int sage_q_scale_rows(int field) {
+  SageParams p{};
+  p.q_scale_rows = field;
+  return sage::q_scale_rows(p);
+}
+SAGE_EXPORT int64_t sage_q_scale_blocks(int field, int64_t q_len_pad) {
+  SageParams p{};
+  p.q_scale_rows = field;
+  p.q_len_pad = int32_t(q_len_pad);
+  return sage::q_scale_blocks(p);
+}
+SAGE_EXPORT int64_t sage_q_scale_offset(int field, int64_t q_len_pad, int64_t head, int64_t s) {
+  SageParams p{};
+  p.q_scale_rows = field;
+  p.q_len_pad = int32_t(q_len_pad);
+  return sage::q_scale_offset(p, head, s);
+}
 SAGE_EXPORT int64_t sage_v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d, int64_t s) {
   return sage::v8_offset(head, dim, s_pad, d, s);
 }
@@ -82,10 +107,24 @@ SAGE_EXPORT float sage_fp16_to_f32(uint16_t h) { return sage::fp16_to_f32(h); }
 SAGE_EXPORT float sage_rms_sum_squares(const float* x, int head_dim) {
   return sage::rms_sum_squares(x, head_dim);
 }
+// check_problem (check.h) on a valid one-block problem whose q_scale_rows field holds `field`:
+// 1 if refused (the message: sage_module_last_error), 0 if accepted.
+SAGE_EXPORT int sage_problem_refuses_q_scale_rows(int field) {
+  SageParams p{};
+  p.batch = p.heads_q = p.heads_kv = 1;
+  p.head_dim = p.head_dim_pad = SAGE_HEAD_DIM_LARGE;
+  p.q_len = p.kv_len = p.q_len_pad = p.kv_len_pad = SAGE_SEQ_ALIGN;
+  p.q_scale_rows = field;
+  static char buffer[16];
+  p.q8 = p.k8 = reinterpret_cast<int8_t*>(buffer);
+  p.q_scale = p.k_scale = p.v_scale = reinterpret_cast<float*>(buffer);
+  p.v8 = reinterpret_cast<sage_fp8_t*>(buffer);
+  return sage::check_problem(&p, "probe") ? 0 : 1;
+}
 // check_features of a backend with only contract v1 (kV1Features) on a launch that asks for
 // one feature: 1 if refused (the message: sage_module_last_error), 0 if accepted.
 SAGE_EXPORT int sage_v1_refuses(int prepare, int head_dim_pad, int fp16, int heads_q, int heads_kv,
-                                int causal, int lse, int smooth_k, int pv16) {
+                                int causal, int lse, int smooth_k, int pv16, int q_scale_rows) {
   SageParams p{};
   p.head_dim_pad = head_dim_pad;
   p.in_dtype = p.out_dtype = fp16 ? SAGE_DTYPE_FP16 : SAGE_DTYPE_BF16;
@@ -97,6 +136,7 @@ SAGE_EXPORT int sage_v1_refuses(int prepare, int head_dim_pad, int fp16, int hea
   p.smooth_k = smooth_k;
   p.lse_corr = smooth_k ? &dummy : nullptr;
   p.pv_dtype = pv16 ? SAGE_PV_FP16 : SAGE_PV_FP8;
+  p.q_scale_rows = q_scale_rows;
   const auto launch = prepare ? sage::Launch::kPrepare : sage::Launch::kAttention;
   return sage::check_features(&p, launch, sage::kV1Features, "v1") ? 0 : 1;
 }

@@ -46,6 +46,7 @@ def test_default_providers_run_and_are_in_band(tmp_path):
         ),
         (["-n", "1", "--head_dim", "72"], dict(D="72", causal="False", dtype="bf16")),
         (["-n", "2", "--pv_dtype", "fp16"], dict(pv_dtype="fp16", dtype="bf16")),
+        (["-n", "2", "--q_scale_rows", "16"], dict(q_scale_rows="16", dtype="bf16")),
     ],
 )
 def test_problem_options_are_columns(tmp_path, options, expect):
@@ -91,6 +92,20 @@ def test_smooth_k_reaches_the_kept_key_providers(tmp_path):
     )  # fmt: skip
     assert [r["provider"] for r in rows] == ["sage", "sage_kept", "sage_core_kept"]
     assert all(r["in_band"] == "True" and r["smooth_k"] == "True" for r in rows), rows
+
+
+def test_q_scale_rows_reaches_every_sage_provider(tmp_path):
+    """--q_scale_rows 16 reaches all four sage providers (the kept-key ones of --mask-pad
+    too): each one's output, scored against the FP32 reference, moves from the 32-row run's,
+    stays in band, and its row says 16. (Unread, an option would leave every output's bits.)"""
+    common = ("-n", "2", "--dit", "--smooth_k", "--mask-pad", "0.25",
+              "--providers", "sage", "sage_core", "sage_kept", "sage_core_kept")  # fmt: skip
+    rows32 = _run(tmp_path, *common)
+    rows16 = _run(tmp_path, *common, "--q_scale_rows", "16")
+    assert [r["provider"] for r in rows16] == ["sage", "sage_core", "sage_kept", "sage_core_kept"]
+    for a, b in zip(rows32, rows16):
+        assert (a["q_scale_rows"], b["q_scale_rows"]) == ("32", "16"), (a, b)
+        assert b["in_band"] == "True" and a["rel_l2"] != b["rel_l2"], (a, b)
 
 
 def test_sage2_providers_say_why_they_are_absent(tmp_path):
@@ -216,8 +231,9 @@ def test_accuracy_floor_exact_pass_equals_reference_model():
 
 def test_quant_granularity_model_is_the_contract_at_32_rows():
     """quant_granularity.py's model at Q / K blocks of 32 rows is exactly accuracy_floor's
-    float64 pass over ref.prepare's tensors (smooth_k too), and on DiT-like inputs (outlier Q
-    channels) Q blocks of 16 rows leave a smaller error than the contract's 32."""
+    float64 pass over ref.prepare's tensors (smooth_k too), at 16 / 32 over those of
+    ref.prepare(q_scale_rows=16), and on DiT-like inputs (outlier Q channels) Q blocks of 16
+    rows leave a smaller error than the contract's 32."""
     import torch
 
     from aiter_sage import ref
@@ -232,6 +248,10 @@ def test_quant_granularity_model_is_the_contract_at_32_rows():
     contract = accuracy_floor.exact_from_prepared(ref.prepare(q, k, v, smooth_k=True), s)
     model = qg.floor_at(q, k, v, 32, 32, smooth_k=True)
     assert torch.equal(model, contract)
+    fine = accuracy_floor.exact_from_prepared(
+        ref.prepare(q, k, v, smooth_k=True, q_scale_rows=16), s
+    )
+    assert torch.equal(qg.floor_at(q, k, v, 16, 32, smooth_k=True), fine)
     want = accuracy_floor.fp64_attention(q, k, v)
     e32, e16 = (
         accuracy_floor.rel_l2(qg.floor_at(q, k, v, b, 32, smooth_k=True), want) for b in (32, 16)

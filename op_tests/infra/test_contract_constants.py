@@ -25,6 +25,7 @@ CONSTANTS = {
 DEFINES = {
     "SAGE_HEAD_DIM_ALIGN": "HEAD_DIM_ALIGN",
     "SAGE_SCALE_BLOCK": "SCALE_BLOCK",
+    "SAGE_Q_SCALE_ROWS_FINE": "Q_SCALE_ROWS_FINE",
     "SAGE_SEQ_ALIGN": "SEQ_ALIGN",
 }
 CONSTEXPR = re.compile(r"constexpr\s+(float|double|int)\s+(k\w+)\s*=\s*([^;]+);")

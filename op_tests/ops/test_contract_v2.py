@@ -1,4 +1,5 @@
-"""Contract v2 on every backend: head dims, FP16, GQA/MQA, causal, LSE and K smoothing.
+"""Contract v2 on every backend: head dims, FP16, GQA/MQA, causal, LSE, K smoothing and
+16-row Q scales (q_scale_rows=16).
 
 Each feature is checked against an independent FP32 truth built from torch
 (``F.scaled_dot_product_attention`` in FP32 with ``is_causal``/``enable_gqa``, and
@@ -16,7 +17,7 @@ import aiter_sage as aiter
 from aiter_sage import ref
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import backend_params, rope_tables, run_as_script, to_device
+from common import REPO, backend_params, rope_tables, run_as_script, to_device
 
 BACKENDS = backend_params()
 
@@ -203,6 +204,75 @@ def test_smooth_k_on_offset_keys(backend, d):
     assert e_plain_lse >= 0.1 and e_smooth_lse <= 2e-2, (e_plain_lse, e_smooth_lse)
 
 
+# ---------------------------------------------------------------------------------- q_scale_rows
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    "b,sq,skv,hq,hkv,d,dtype,causal,smooth",
+    [
+        (1, 150, 150, 2, 2, 128, torch.bfloat16, False, False),
+        (2, 70, 45, 4, 2, 64, torch.float16, True, True),  # GQA, causal Sq != Skv, smoothing
+        (1, 33, 100, 2, 1, 72, torch.bfloat16, False, False),  # one Q block: a 16-row tail
+    ],
+)
+def test_q_scale_rows_16(backend, b, sq, skv, hq, hkv, d, dtype, causal, smooth):
+    """q_scale_rows=16: prepare bit for bit against ref.prepare's 16-row Q scales, the attention
+    in band against FP32 SDPA with the LSE of ref's model of its prepared tensors (1e-4), and
+    the fwd op on those tensors (q_scale [B, Hq, Sq_pad / 16]) gives the attention op's
+    output, bit for bit."""
+    q, k, v = make(b, sq, skv, hq, hkv, d, dtype, seed=sq + d, k_offset=3.0 if smooth else 0.0)
+    kw = dict(q_scale_rows=16, smooth_k=smooth)
+    assert_prepare_exact(backend, q, k, v, **kw)
+    out, lse = run(backend, q, k, v, is_causal=causal, return_lse=True, **kw)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert_band(out, sdpa_fp32(q, k, v, is_causal=causal))
+    want = ref.sage_attention(q, k, v, is_causal=causal, return_lse=True, **kw).lse
+    assert (lse - want).abs().max() <= 1e-4, (lse - want).abs().max()
+    dq, dk, dv = to_device(backend, q, k, v)
+    prep = aiter.gfx1201_sage_prepare(dq, dk, dv, backend=backend, **kw)
+    assert prep.q_scale.shape == (b, hq, ref.padded_len(sq) // 16)
+    with torch.no_grad():
+        fwd = aiter.gfx1201_sage_attention_fwd(
+            *prep, sq, kv_len=skv, is_causal=causal, out_dtype=dtype, backend=backend
+        )
+    assert torch.equal(fwd[:, :sq, :, :d].cpu(), out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_scale_rows_32_is_the_default(backend):
+    """q_scale_rows=32, said out loud, is upstream's call bit for bit; 16 is not (the case can
+    tell)."""
+    q, k, v = make(1, 96, 96, 2, 2, 128, seed=77)
+    q[:, 7] *= 20  # a loud row: its 16-row half and the other get different scales
+    default = run(backend, q, k, v)
+    assert torch.equal(run(backend, q, k, v, q_scale_rows=32), default)
+    assert not torch.equal(run(backend, q, k, v, q_scale_rows=16), default)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_q_scale_rows_16_is_more_accurate_on_dit_inputs(backend):
+    """The point of the option: on DiT-like inputs (the benchmark's --dit: outlier Q channels,
+    a shared K offset; smooth_k on) 16-row Q scales leave a smaller error against FP64 SDPA
+    than the contract's 32 rows, measured on the backend's own output, for each of three
+    draws (4-6 % smaller at S 512 on cpu and emu; 0.0578 -> 0.0555 for the format at S 4096,
+    op_benchmarks/quant_granularity.py)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import accuracy_floor
+    import bench_gfx1201_sage_attention as bench
+
+    for seed in range(3):
+        q, k, v = bench.make_inputs(1, 2, 512, "cpu", dit=True, seed=seed)
+        want = accuracy_floor.fp64_attention(q, k, v)
+        err = {
+            rows: accuracy_floor.rel_l2(
+                run(backend, q, k, v, smooth_k=True, q_scale_rows=rows).double(), want
+            )
+            for rows in (32, 16)
+        }
+        assert err[16] < 0.98 * err[32], (seed, err)
+
+
 # ---------------------------------------------------------------------------------- together
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_everything_together(backend):
@@ -279,16 +349,37 @@ def test_lse_ops_pass_opcheck(backend):
     )
 
 
-def test_compiled_lse_call_matches_eager():
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
+def test_compiled_lse_call_matches_eager(q_scale_rows):
     q, k, v = make(1, 64, 64, 2, 2, 64)
 
     def f(q, k, v):
-        return aiter.gfx1201_sage_attention(q, k, v, is_causal=True, return_lse=True)
+        return aiter.gfx1201_sage_attention(
+            q, k, v, is_causal=True, return_lse=True, q_scale_rows=q_scale_rows
+        )
 
     with torch.no_grad():
         eager = f(q, k, v)
         compiled = torch.compile(f, fullgraph=True)(q, k, v)
     assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_compiled_prepare_keeps_the_q_scale_shape_symbolic():
+    """torch.compile with dynamic shapes: the fake prepare's q_scale is [B, Hq, Sq_pad / 16]
+    with q_scale_rows=16 for every sequence length, and the compiled fwd reads it."""
+
+    def f(q, k, v):
+        p = aiter.gfx1201_sage_prepare(q, k, v, q_scale_rows=16)
+        return p.q_scale, aiter.gfx1201_sage_attention_fwd(*p, q.shape[1])
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True)
+    for s in (40, 100):
+        q, k, v = make(1, s, s, 2, 2, 64, seed=s)
+        with torch.no_grad():
+            qs, out = compiled(q, k, v)
+            eager = f(q, k, v)
+        assert qs.shape == (1, 2, ref.padded_len(s) // 16)
+        assert torch.equal(qs, eager[0]) and torch.equal(out, eager[1])
 
 
 if __name__ == "__main__":

@@ -172,18 +172,20 @@ def test_nan_inputs_make_exactly_the_affected_rows_non_finite(backend):
     assert ref.accuracy(out[~want], model[~want])["rel_l2"] < limit
 
 
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
 @pytest.mark.parametrize("backend", backend_params())
-def test_prepare_then_fwd_equals_attention(backend):
-    """Upstream's composition: fwd(*prepare(q, k, v), S)[:, :S] is the attention op."""
+def test_prepare_then_fwd_equals_attention(backend, q_scale_rows):
+    """Upstream's composition: fwd(*prepare(q, k, v), S)[:, :S] is the attention op (with
+    q_scale_rows=16 too: the fwd op takes the 16-row q_scale [B, Hq, S_pad / 16] as it is)."""
     s = 130
     q, k, v = to_device(backend, *qkv(1, s, s, 2, seed=41))
-    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, SCALE, backend=backend)
+    kw = dict(backend=backend, q_scale_rows=q_scale_rows)
+    prep = aiter_sage.gfx1201_sage_prepare(q, k, v, SCALE, **kw)
+    assert prep.q_scale.shape == (1, 2, 160 // q_scale_rows)
     padded = aiter_sage.gfx1201_sage_attention_fwd(*prep, s, backend=backend)
     assert padded.shape == (1, 160, 2, 128) and padded.dtype == torch.bfloat16
     assert not padded[:, s:].cpu().any()  # rows at or beyond seq_len are zero
-    assert torch.equal(
-        padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend)
-    )
+    assert torch.equal(padded[:, :s], aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, **kw))
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -375,16 +377,26 @@ def test_opcheck_all_ops(backend):
         (*prepared, q.shape[1]),
         dict(kv_len=k.shape[1], **be),
     )
+    # 16-row Q scales: prepare's fake shapes and the fwd op on its tensors
+    q16 = dict(q_scale_rows=16, **be)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_prepare.default, (q, k, v, SCALE), q16)
+    torch.library.opcheck(torch.ops.aiter.gfx1201_sage_attention.default, (q, k, v, SCALE), q16)
+    prepared = torch.ops.aiter.gfx1201_sage_prepare(q, k, v, SCALE, **q16)
+    torch.library.opcheck(
+        torch.ops.aiter.gfx1201_sage_attention_fwd.default,
+        (*prepared, q.shape[1]),
+        dict(kv_len=k.shape[1], **be),
+    )
 
 
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
 @pytest.mark.parametrize("backend", backend_params())
-def test_torch_compile_fullgraph(backend):
+def test_torch_compile_fullgraph(backend, q_scale_rows):
     class Block(torch.nn.Module):
         def forward(self, x):
             q, k, v = x.unflatten(-1, (3, 2, 128)).unbind(2)
-            return (
-                aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, backend=backend).flatten(-2) * 2
-            )
+            kw = dict(backend=backend, q_scale_rows=q_scale_rows)
+            return aiter_sage.gfx1201_sage_attention(q, k, v, SCALE, **kw).flatten(-2) * 2
 
     x = randn_bshd(1, 64, 6, seed=93, device=device_for(backend)).flatten(-2)
     eager = Block()(x)
@@ -485,6 +497,18 @@ def test_meta_inputs_follow_the_same_rules():
     mixed[3] = torch.empty_like(prep[3], device="meta")
     with pytest.raises(ValueError, match="k_scale is on meta"):
         aiter_sage.gfx1201_sage_attention_fwd(*mixed, 64)
+    # q_scale_rows=16: the fakes give q_scale [B, Hq, Sq_pad / 16] and the fwd takes it
+    for rows, blocks in ((32, 2), (16, 4)):
+        mp = aiter_sage.gfx1201_sage_prepare(meta, meta, meta, q_scale_rows=rows)
+        assert mp.q_scale.shape == (1, 2, blocks) and mp.k_scale.shape == (1, 2, 2)
+        out = aiter_sage.gfx1201_sage_attention_fwd(*mp, 64)
+        assert out.device.type == "meta" and out.shape == (1, 64, 2, 128)
+    with pytest.raises(ValueError, match="q_scale_rows must be 32 or 16"):
+        torch.ops.aiter.gfx1201_sage_attention(meta, meta, meta, q_scale_rows=8)
+    bad = list(mp)
+    bad[1] = torch.empty(1, 2, 8, device="meta")
+    with pytest.raises(ValueError, match=r"\(q_scale_rows=16\), got \[1, 2, 8\]"):
+        aiter_sage.gfx1201_sage_attention_fwd(*bad, 64)
 
 
 # ---- bad input: a Python exception that names the problem -----------------------------------
@@ -598,6 +622,30 @@ def _bad_cases():
         ),
         ("backend", lambda: att(q, k, v, backend="tpu"), ValueError, "unknown backend"),
         (
+            "q_scale_rows",
+            lambda: att(q, k, v, q_scale_rows=8),
+            ValueError,
+            "aiter_sage: q_scale_rows must be one of (32, 16), got 8",
+        ),
+        (
+            "q_scale_rows_type",
+            lambda: aiter_sage.gfx1201_sage_prepare(q, k, v, q_scale_rows="16"),
+            TypeError,
+            "aiter_sage: q_scale_rows must be an int, one of (32, 16), got str",
+        ),
+        (
+            "q_scale_rows_op",  # a direct op call: the binding's check
+            lambda: torch.ops.aiter.gfx1201_sage_prepare(q, k, v, q_scale_rows=64),
+            ValueError,
+            "q_scale_rows must be 32 or 16 (query rows per Q scale), got 64",
+        ),
+        (
+            "q_scale_rows_on_fwd",  # the fwd op reads it from q_scale's shape
+            lambda: fwd(*prep(), 64, q_scale_rows=16),
+            TypeError,
+            "unexpected keyword 'q_scale_rows'",
+        ),
+        (
             "fwd_tuple",
             lambda: fwd(aiter_sage.gfx1201_sage_prepare(q, k, v), 64),
             TypeError,
@@ -615,7 +663,21 @@ def _bad_cases():
             "fwd_scale_shape",
             lambda: fwd(*with_item(1, lambda t: t[..., :1]), 64),
             ValueError,
-            "prepared q_scale must have shape",
+            "prepared q_scale must have shape [1, 2, 2] (one scale per 32 query rows) or "
+            "[1, 2, 4] (q_scale_rows=16), got [1, 2, 1]",
+        ),
+        (
+            "fwd_scale_shape_8_rows",  # one scale per 8 rows: neither accepted granularity
+            lambda: fwd(*with_item(1, lambda t: t.repeat_interleave(4, -1)), 64),
+            ValueError,
+            "prepared q_scale must have shape [1, 2, 2] (one scale per 32 query rows) or "
+            "[1, 2, 4] (q_scale_rows=16), got [1, 2, 8]",
+        ),
+        (
+            "fwd_k_scale_16_rows",  # K scales stay per 32 keys
+            lambda: fwd(*with_item(3, lambda t: t.repeat_interleave(2, -1)), 64),
+            ValueError,
+            "prepared k_scale must have shape [1, 2, 2]",
         ),
         (
             "fwd_v_dtype",

@@ -58,41 +58,100 @@ def upstream_quant_inputs(b, s, h, seed):
 @functools.lru_cache(maxsize=None)
 def _reference(key):
     """ref.prepare of one case, shared by the backends (ref is the slow part at 20000 x 56)."""
-    kind, b, s, h, extra = key
+    kind, b, s, h, extra, q_scale_rows = key
     if kind == "quant":
         q, k, v = upstream_quant_inputs(b, s, h, seed=s + h)
-        return (q, k, v), (), ref.prepare(q, k, v)
+        return (q, k, v), (), ref.prepare(q, k, v, q_scale_rows=q_scale_rows)
     rope_dim = extra
     q, k, v = (randn_bshd(1, s, h, seed=s + i, scale=3.0) for i in range(3))
     qw, kw = norm_weights(s)
     cos, sin = rope_tables(s, rope_dim)
     fused = (qw, kw, cos, sin)
-    return (q, k, v), fused, ref.prepare(q, k, v, None, *fused, 1e-5)
+    return (q, k, v), fused, ref.prepare(q, k, v, None, *fused, 1e-5, q_scale_rows=q_scale_rows)
 
 
 QUANT_CASES = [(1, 1, 1), (1, 33, 7), (2, 513, 14), (1, 4097, 28), (2, 2000, 3), (1, 20000, 56)]
 
 
-@pytest.mark.parametrize("b,s,h", QUANT_CASES, ids=lambda x: str(x))
+def _with_q_scale_rows(cases, fine):
+    """Every case at upstream's 32-row Q scales, and the cases `fine` at q_scale_rows=16."""
+    return [pytest.param(*c, 32, id=str(c)) for c in cases] + [
+        pytest.param(*c, 16, id=f"{c}-q16") for c in cases if c in fine
+    ]
+
+
+# q_scale_rows=16 on all but the largest (its reference alone takes half a minute).
+@pytest.mark.parametrize("b,s,h,q_scale_rows", _with_q_scale_rows(QUANT_CASES, QUANT_CASES[:-1]))
 @pytest.mark.parametrize("backend", backend_params())
-def test_prepare_upstream_quant_cases(backend, b, s, h):
-    (q, k, v), _, want = _reference(("quant", b, s, h, None))
-    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend)
+def test_prepare_upstream_quant_cases(backend, b, s, h, q_scale_rows):
+    (q, k, v), _, want = _reference(("quant", b, s, h, None, q_scale_rows))
+    kw = {} if q_scale_rows == 32 else dict(q_scale_rows=q_scale_rows)  # upstream's call
+    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend, **kw)
     assert_prepared_equal(got, want)
 
 
 NORM_ROPE_CASES = [(33, 7, 96), (4097, 28, 96), (513, 14, 128), (1000, 5, 64), (300, 3, 32)]
 
 
-@pytest.mark.parametrize("s,h,rope_dim", NORM_ROPE_CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "s,h,rope_dim,q_scale_rows",
+    _with_q_scale_rows(NORM_ROPE_CASES, [c for c in NORM_ROPE_CASES if c[0] < 4097]),
+)
 @pytest.mark.parametrize("backend", backend_params())
-def test_prepare_upstream_norm_rope_cases(backend, s, h, rope_dim):
+def test_prepare_upstream_norm_rope_cases(backend, s, h, rope_dim, q_scale_rows):
     """Upstream's positional call: (q, k, v, None, qw, kw, cosine, sine, 1e-5)."""
-    (q, k, v), fused, want = _reference(("norm_rope", 1, s, h, rope_dim))
+    (q, k, v), fused, want = _reference(("norm_rope", 1, s, h, rope_dim, q_scale_rows))
+    kw = {} if q_scale_rows == 32 else dict(q_scale_rows=q_scale_rows)
     got = aiter_sage.gfx1201_sage_prepare(
-        *to_device(backend, q, k, v), None, *to_device(backend, *fused), 1e-5, backend=backend
+        *to_device(backend, q, k, v), None, *to_device(backend, *fused), 1e-5, backend=backend, **kw
     )
     assert_prepared_equal(got, want)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16)])
+def test_prepare_q_scale_rows_16_halves(backend, d, dtype):
+    """q_scale_rows=16: Q gets one scale per 16 rows, [B, Hq, Sq_pad / 16], each the 32-row
+    rule over its 16 rows; K and V do not change. Blocks whose halves differ (one loud row in
+    the first or the second half, a zero half, a half past q_len, NaN in one half) show that
+    every half has its own scale and codes: the 32-row block's scale is the larger of its two
+    (a NaN one if either is NaN), and the half holding the block's maximum keeps the 32-row
+    codes. Bit for bit against ref.prepare (the NaN scale's payload aside, as in
+    test_prepare_v_scale_sees_every_key_range)."""
+    g = torch.Generator().manual_seed(d)
+    s = 150  # Sq_pad 160: five 32-row blocks, the last one's second half past q_len
+    q = torch.randn(2, s, 3, d, generator=g)
+    k, v = (torch.randn(2, 70, 3, d, generator=g) for _ in range(2))
+    q[:, 5] *= 40  # block 0: first half loud
+    q[:, 32 + 20] *= 40  # block 1: second half loud
+    q[:, 64:80] = 0  # block 2: first half zero
+    q[1, 100, 2, 3] = float("nan")  # block 3, batch 1, head 2: second half NaN
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    got16 = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v), q_scale_rows=16, backend=backend
+    )
+    got32 = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend)
+    wants = (ref.prepare(q, k, v, q_scale_rows=16), ref.prepare(q, k, v))
+    for got, want in zip((got16, got32), wants):
+        assert torch.equal(got.q_scale.cpu().isnan(), want.q_scale.isnan())
+        assert_prepared_equal(
+            got._replace(q_scale=got.q_scale.cpu().nan_to_num(-1.0)),
+            want._replace(q_scale=want.q_scale.nan_to_num(-1.0)),
+        )
+    assert got16.q_scale.shape == (2, 3, 10) and got32.q_scale.shape == (2, 3, 5)
+    for name in ("k_int8", "k_scale", "v_fp8", "v_scale"):
+        assert torch.equal(_bits(getattr(got16, name)), _bits(getattr(got32, name))), name
+    s16, s32 = got16.q_scale.cpu().view(2, 3, 5, 2), got32.q_scale.cpu()
+    nan = s16.isnan().any(-1)
+    assert torch.equal(nan, s32.isnan()) and int(nan.sum()) == 1 and nan[1, 2, 3]
+    assert torch.equal(s16.amax(-1)[~nan], s32[~nan])
+    assert (s16[:, :, 0, 0] > 4 * s16[:, :, 0, 1]).all()  # the loud row's half
+    assert (s16[:, :, 1, 1] > 4 * s16[:, :, 1, 0]).all()
+    assert (s16[:, :, 2, 0] == 0).all() and (s16[:, :, 2, 1] > 0).all()
+    q16, q32 = got16.q_int8.cpu(), got32.q_int8.cpu()
+    assert torch.equal(q16[:, :16], q32[:, :16]) and torch.equal(q16[:, 48:64], q32[:, 48:64])
+    assert not torch.equal(q16[:, 16:32], q32[:, 16:32])  # the quiet half's finer codes
+    assert not q16[:, 64:80].any() and not q16[:, s:].any()
 
 
 @pytest.mark.parametrize("backend", backend_params())
@@ -287,10 +346,13 @@ def test_a_value_given_twice_is_a_type_error(op):
 
 
 # ---- the reference against upstream's formulas --------------------------------------------
-def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin=None, eps=1e-6):
+def _upstream_formula_prepare(
+    q, k, v, sm_scale, qw=None, kw=None, cos=None, sin=None, eps=1e-6, q_block=32
+):
     """Upstream's reference, written out step by step with plain torch ops:
     F.rms_norm then FP32 RoPE; Q times float32(scale*log2e); block scale amax/127; codes
-    trunc(t +- 0.5); V scale amax * float32(1/448), codes via torch's e4m3 converter."""
+    trunc(t +- 0.5); V scale amax * float32(1/448), codes via torch's e4m3 converter.
+    `q_block`: Q rows per scale (upstream's 32; 16 for q_scale_rows=16)."""
     rows = q.shape[1]
     padded = (rows + 31) // 32 * 32
 
@@ -302,12 +364,12 @@ def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin
         head = head * cos[None, :, None] + rot * sin[None, :, None]
         return torch.cat([head.to(x.dtype), x[..., d:]], dim=-1)
 
-    def quant(x, factor=None):
+    def quant(x, factor=None, block=32):
         b, _, h, d = x.shape
         x = F.pad(x.float(), (0, 0, 0, 0, 0, padded - rows))
         if factor is not None:
             x = x * torch.tensor(factor, dtype=torch.float32)
-        blocks = x.view(b, padded // 32, 32, h, d)
+        blocks = x.view(b, padded // block, block, h, d)
         amax = blocks.abs().amax(dim=(2, 4))
         scale = torch.div(amax, torch.full_like(amax, 127.0))
         t = torch.div(blocks, scale[:, :, None, :, None])
@@ -317,7 +379,7 @@ def _upstream_formula_prepare(q, k, v, sm_scale, qw=None, kw=None, cos=None, sin
 
     if qw is not None:
         q, k = norm_rope(q, qw), norm_rope(k, kw)
-    qi, qs = quant(q, sm_scale * 1.4426950408889634)
+    qi, qs = quant(q, sm_scale * 1.4426950408889634, q_block)
     ki, ks = quant(k)
     one = torch.ones((), dtype=torch.float32)
     vs = v.float().abs().amax(dim=1) * (one / 448.0)
@@ -348,12 +410,14 @@ def test_ref_rmsnorm_equals_torch_rms_norm():
         assert same > 0.9999, same
 
 
+@pytest.mark.parametrize("q_block", [32, 16])
 @pytest.mark.parametrize("case", [(1, 33, 7), (2, 513, 14), (1, 100, 3)], ids=str)
-def test_ref_prepare_equals_upstream_formulas(case):
+def test_ref_prepare_equals_upstream_formulas(case, q_block):
+    """Upstream's steps; with q_scale_rows=16 the same steps over 16-row Q blocks."""
     b, s, h = case
     q, k, v = upstream_quant_inputs(b, s, h, seed=s)
-    want = _upstream_formula_prepare(q, k, v, 128**-0.5)
-    assert_prepared_equal(ref.prepare(q, k, v), want)
+    want = _upstream_formula_prepare(q, k, v, 128**-0.5, q_block=q_block)
+    assert_prepared_equal(ref.prepare(q, k, v, q_scale_rows=q_block), want)
 
 
 @pytest.mark.parametrize("s,h,rope_dim", [(33, 7, 96), (300, 3, 32), (513, 2, 128)], ids=str)

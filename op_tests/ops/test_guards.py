@@ -1,6 +1,6 @@
 """aiter_sage.guards: a call that cannot fit is refused before anything is allocated, the byte
 counts agree with what the binding allocates, and AITER_SAGE_CHECK=1 names the 32-row Q/K blocks
-whose INT8 scale one outlier row sets."""
+(16-row Q blocks with q_scale_rows=16) whose INT8 scale one outlier row sets."""
 
 import warnings
 
@@ -105,19 +105,22 @@ def test_validation_comes_before_the_memory_check():
 
 
 @pytest.mark.parametrize(
-    "sq,skv,hq,hkv,d,pv,smooth",
+    "sq,skv,hq,hkv,d,pv,smooth,q_rows",
     [
-        (40, 70, 4, 2, 128, "fp8", False),
-        (33, 33, 2, 2, 72, "fp16", True),
-        (64, 96, 3, 1, 64, "fp8", True),
+        (40, 70, 4, 2, 128, "fp8", False, 32),
+        (33, 33, 2, 2, 72, "fp16", True, 32),
+        (64, 96, 3, 1, 64, "fp8", True, 32),
+        (40, 70, 4, 2, 128, "fp8", True, 16),  # 16-row Q scales: twice q_scale's bytes
     ],
 )
-def test_budgets_count_what_the_binding_returns(budgets, sq, skv, hq, hkv, d, pv, smooth):
+def test_budgets_count_what_the_binding_returns(budgets, sq, skv, hq, hkv, d, pv, smooth, q_rows):
     """The prepared tensors a call returns are exactly the budget's, less the scratch that
     stays inside the binding (the GPU prepare's V amax partials, the smoothing's K mean and
     LSE term); the output is exactly the budget's output."""
     q, k, v = bshd(2, sq, hq, d, seed=2), bshd(2, skv, hkv, d, seed=3), bshd(2, skv, hkv, d, seed=4)
-    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, smooth_k=smooth, pv_dtype=pv)
+    kw = dict(smooth_k=smooth, q_scale_rows=q_rows)
+    prepared = aiter_sage.gfx1201_sage_prepare(q, k, v, pv_dtype=pv, **kw)
+    assert prepared.q_scale.shape[-1] == ref.padded_len(sq) // q_rows
     op, b = budgets[-1]
     assert op == "gfx1201_sage_prepare"
     dp = ref.padded_head_dim(d)
@@ -125,7 +128,7 @@ def test_budgets_count_what_the_binding_returns(budgets, sq, skv, hq, hkv, d, pv
     if smooth:
         scratch += 2 * hkv * dp * 4 + 2 * hq * ref.padded_len(sq) * 4
     assert b.prepared - scratch == sum(t.nbytes for t in prepared) and b.copies == 0
-    out, lse = aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True, smooth_k=smooth)
+    out, lse = aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True, **kw)
     op, a = budgets[-1]
     assert op == "gfx1201_sage_attention" and a.output == out.nbytes + lse.nbytes
     assert a.prepared == b.prepared or pv == "fp16"  # the attention's own prepare is FP8 P.V
@@ -186,6 +189,29 @@ def test_the_outlier_costs_what_the_warning_says():
     assert rel(block) > 3 * rel(list(range(64, 96)))
 
 
+def test_16_row_q_scales_keep_the_outlier_in_its_half():
+    """With q_scale_rows=16 the outlier (row 37) sets the scale of rows 32-47 only: their
+    error stays several times the rest, rows 48-63 are as accurate as the rows of other blocks
+    (about 3x better than at 32-row scales), and the check names the 16-row block."""
+    q = _with_outlier()
+    k, v = bshd(1, 96, 2, seed=8), bshd(1, 96, 2, seed=9)
+    want = ref.attention_fp32(q, k, v)
+
+    def rel(out, rows):
+        d = out[0, rows, 1].float() - want[0, rows, 1]
+        return float(d.norm() / want[0, rows, 1].norm())
+
+    with torch.no_grad():
+        out32 = aiter_sage.gfx1201_sage_attention(q, k, v)
+        out16 = aiter_sage.gfx1201_sage_attention(q, k, v, q_scale_rows=16)
+    near = [r for r in range(32, 48) if r != 37]
+    far, other = list(range(48, 64)), list(range(64, 96))
+    assert rel(out16, near) > 3 * rel(out16, other)
+    assert rel(out16, far) < 1.5 * rel(out16, other) and rel(out16, far) < rel(out32, far) / 2
+    hits = guards.outlier_blocks(q, block=16)
+    assert [(b, h, blk) for b, h, blk, _ in hits] == [(0, 1, 2)]  # rows 32-47
+
+
 def test_check_warns_naming_outlier_blocks(monkeypatch):
     q = _with_outlier()
     k = bshd(1, 96, 2, seed=10)
@@ -199,6 +225,13 @@ def test_check_warns_naming_outlier_blocks(monkeypatch):
     assert len(msgs) == 2, msgs
     for m in msgs:
         assert "1 query block(s)" in m and "(batch 0, head 1, rows 32-63:" in m, m
+    # 16-row Q scales: the 16-row block is named
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            aiter_sage.gfx1201_sage_attention(q, k, k, q_scale_rows=16)
+    msgs = [str(w.message) for w in got if issubclass(w.category, guards.SageOutlierWarning)]
+    assert len(msgs) == 1 and "(batch 0, head 1, rows 32-47:" in msgs[0], msgs
     # K outliers are named as key blocks; without AITER_SAGE_CHECK nothing is said.
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")

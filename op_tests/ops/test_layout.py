@@ -26,6 +26,10 @@ def probe():
     for name, args in (
         ("sage_qk8_offset", [i64] * 7),
         ("sage_qk_scale_offset", [i64] * 3),
+        ("sage_qk_scale_offset_rows", [i64] * 4),
+        ("sage_scale_blocks", [i64] * 2),
+        ("sage_q_scale_blocks", [ctypes.c_int, i64]),
+        ("sage_q_scale_offset", [ctypes.c_int, i64, i64, i64]),
         ("sage_v8_offset", [i64] * 5),
         ("sage_channel_offset", [i64] * 3),
         ("sage_padded_len", [i64]),
@@ -100,6 +104,27 @@ def test_v_amax_splits_cover_every_key_once(probe, step):
         assert keys < -(-kv_len // splits) + step, kv_len
 
 
+def test_q_scale_rows_field_reads_as_32_or_16(probe):
+    """SageParams::q_scale_rows: 0 (a zero-initialised struct, every caller before the field)
+    and 32 mean upstream's 32-row Q scales, 16 the fine mode; scale_blocks counts either."""
+    assert [probe.sage_q_scale_rows(f) for f in (0, 32, 16)] == [32, 32, 16]
+    for s_pad in (32, 64, 4096, 4128):
+        assert probe.sage_scale_blocks(s_pad, 32) == s_pad // 32
+        assert probe.sage_scale_blocks(s_pad, 16) == s_pad // 16
+        assert probe.sage_q_scale_blocks(0, s_pad) == probe.sage_q_scale_blocks(32, s_pad)
+        assert probe.sage_q_scale_blocks(16, s_pad) == 2 * probe.sage_q_scale_blocks(0, s_pad)
+
+
+def test_check_params_names_the_q_scale_rows_it_accepts(probe):
+    probe.sage_module_last_error.restype = ctypes.c_char_p
+    for field in (0, 32, 16):
+        assert probe.sage_problem_refuses_q_scale_rows(field) == 0, field
+    for field in (8, 64, -16, 1):
+        assert probe.sage_problem_refuses_q_scale_rows(field) == 1, field
+        msg = probe.sage_module_last_error().decode()
+        assert msg == f"probe: q_scale_rows must be 32 or 16 (0: 32), got {field}", msg
+
+
 def test_padded_head_dim(probe):
     for d in range(8, 129, 8):
         assert probe.sage_padded_head_dim(d) == ref.padded_head_dim(d) == (64 if d <= 64 else 128)
@@ -108,12 +133,16 @@ def test_padded_head_dim(probe):
 @pytest.mark.parametrize(
     "b,hq,hkv,s,d", [(1, 1, 1, 1, 128), (2, 3, 3, 200, 128), (1, 4, 2, 300, 64), (2, 2, 1, 40, 72)]
 )
-def test_offsets_match_prepared_tensor_strides(probe, b, hq, hkv, s, d):
-    """layout.h addresses exactly the elements torch addresses in ref.prepare's tensors."""
+@pytest.mark.parametrize("q_scale_rows", [32, 16])
+def test_offsets_match_prepared_tensor_strides(probe, b, hq, hkv, s, d, q_scale_rows):
+    """layout.h addresses exactly the elements torch addresses in ref.prepare's tensors (Q
+    scales at either granularity: q_scale_offset of a SageParams, and qk_scale_offset with the
+    row count, agree with ref's q_scale[b, h, s // q_scale_rows])."""
     q = torch.zeros(b, s, hq, d, dtype=torch.bfloat16)
     kv = torch.zeros(b, s, hkv, d, dtype=torch.bfloat16)
-    p = ref.prepare(q, kv, kv, 1.0)
+    p = ref.prepare(q, kv, kv, 1.0, q_scale_rows=q_scale_rows)
     s_pad, dp = p.q_int8.shape[1], p.q_int8.shape[3]
+    assert p.q_scale.shape[-1] == probe.sage_q_scale_blocks(q_scale_rows, s_pad)
     assert dp == ref.padded_head_dim(d)
     for bi, hi in itertools.product(range(b), range(hq)):
         for si, c in ((0, 0), (s - 1, dp - 1), (s_pad - 1, 5), (min(33, s_pad - 1), dp // 2)):
@@ -121,10 +150,12 @@ def test_offsets_match_prepared_tensor_strides(probe, b, hq, hkv, s, d):
                 probe.sage_qk8_offset(hq, dp, s_pad, bi, si, hi, c)
                 == p.q_int8[bi, si, hi, c].data_ptr() - p.q_int8.data_ptr()
             )
-            assert (
-                probe.sage_qk_scale_offset(bi * hq + hi, s_pad, si) * 4
-                == p.q_scale[bi, hi, si // 32].data_ptr() - p.q_scale.data_ptr()
-            )
+            q_at = p.q_scale[bi, hi, si // q_scale_rows].data_ptr() - p.q_scale.data_ptr()
+            qh = bi * hq + hi
+            assert probe.sage_q_scale_offset(q_scale_rows, s_pad, qh, si) * 4 == q_at
+            assert probe.sage_qk_scale_offset_rows(qh, s_pad, si, q_scale_rows) * 4 == q_at
+            if q_scale_rows == 32:  # the default argument is the contract's 32
+                assert probe.sage_qk_scale_offset(qh, s_pad, si) * 4 == q_at
             if hi >= hkv:
                 continue
             head = bi * hkv + hi
@@ -139,6 +170,10 @@ def test_offsets_match_prepared_tensor_strides(probe, b, hq, hkv, s, d):
             assert (
                 probe.sage_channel_offset(head, dp, c) * 4
                 == p.v_scale[bi, hi, c].data_ptr() - p.v_scale.data_ptr()
+            )
+            assert (  # K scales stay per 32 keys whatever q_scale_rows is
+                probe.sage_qk_scale_offset(head, s_pad, si) * 4
+                == p.k_scale[bi, hi, si // 32].data_ptr() - p.k_scale.data_ptr()
             )
 
 
@@ -295,6 +330,8 @@ def test_scalar_fp16_conversions_match_torch(probe):
         (dict(lse=1), 0, "return_lse"),
         (dict(smooth_k=1), 1, "smooth_k"),
         (dict(smooth_k=1), 0, "the LSE of smoothed K"),
+        (dict(q_scale_rows=16), 1, "q_scale_rows=16 (16-row Q scales)"),
+        (dict(q_scale_rows=16), 0, "q_scale_rows=16 (16-row Q scales)"),
     ],
 )
 def test_check_features_refuses_by_name(probe, fields, prepare, names):
@@ -302,9 +339,13 @@ def test_check_features_refuses_by_name(probe, fields, prepare, names):
     test reaches it): a backend with only contract v1 refuses each v2 feature, naming it and
     the launch; the same launch without the feature passes."""
     base = dict(
-        head_dim_pad=128, fp16=0, heads_q=2, heads_kv=2, causal=0, lse=0, smooth_k=0, pv16=0
-    )
-    order = ("head_dim_pad", "fp16", "heads_q", "heads_kv", "causal", "lse", "smooth_k", "pv16")
+        head_dim_pad=128, fp16=0, heads_q=2, heads_kv=2, causal=0, lse=0, smooth_k=0, pv16=0,
+        q_scale_rows=32,
+    )  # fmt: skip
+    order = (
+        "head_dim_pad", "fp16", "heads_q", "heads_kv", "causal", "lse", "smooth_k", "pv16",
+        "q_scale_rows",
+    )  # fmt: skip
     probe.sage_module_last_error.restype = ctypes.c_char_p
     assert probe.sage_v1_refuses(prepare, *(base[k] for k in order)) == 0
     assert probe.sage_v1_refuses(prepare, *({**base, **fields}[k] for k in order)) == 1

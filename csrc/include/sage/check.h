@@ -48,6 +48,10 @@ inline bool check_problem(const SageParams* p, const char* what) {
         what, p->q_len_pad, p->kv_len_pad, SAGE_SEQ_ALIGN, p->q_len, p->kv_len);
   if (p->pv_dtype != SAGE_PV_FP8 && p->pv_dtype != SAGE_PV_FP16)
     return !set_error("%s: unknown P.V mode %d (0: fp8, 1: fp16)", what, p->pv_dtype);
+  if (p->q_scale_rows != 0 && p->q_scale_rows != SAGE_SCALE_BLOCK &&
+      p->q_scale_rows != SAGE_Q_SCALE_ROWS_FINE)
+    return !set_error("%s: q_scale_rows must be %d or %d (0: %d), got %d", what, SAGE_SCALE_BLOCK,
+                      SAGE_Q_SCALE_ROWS_FINE, SAGE_SCALE_BLOCK, p->q_scale_rows);
   const bool v_ok = p->pv_dtype == SAGE_PV_FP16 ? p->v16 != nullptr : p->v8 != nullptr;
   if (!p->q8 || !p->q_scale || !p->k8 || !p->k_scale || !v_ok || !p->v_scale)
     return !set_error("%s: null prepared tensor pointer", what);
@@ -133,9 +137,10 @@ struct Features {
   bool lse;             // an LSE output
   bool smooth_k;        // K smoothing (prepare) and its LSE correction (attention)
   bool pv_fp16;         // pv_dtype FP16: FP16 V (prepare) and FP16 P.V (attention)
+  bool q_scale16;       // q_scale_rows 16: 16-row Q scales (prepare writes, attention reads)
 };
-constexpr Features kV1Features = {false, false, false, false, false, false, false};
-constexpr Features kAllFeatures = {true, true, true, true, true, true, true};
+constexpr Features kV1Features = {false, false, false, false, false, false, false, false};
+constexpr Features kAllFeatures = {true, true, true, true, true, true, true, true};
 // Every backend (cpu, gfx12 and its emulator, cuda) implements all of them today; a new one
 // starts from kV1Features (op_tests/ops/test_layout.py checks the refusals).
 
@@ -148,6 +153,8 @@ inline bool check_features(const SageParams* p, Launch launch, Features f, const
   if (!f.fp16 && fp16) missing = "float16 tensors";
   if (!f.gqa && p->heads_q != p->heads_kv) missing = "grouped-query attention";
   if (!f.pv_fp16 && p->pv_dtype == SAGE_PV_FP16) missing = "pv_dtype=\"fp16\" (FP16 P.V)";
+  if (!f.q_scale16 && q_scale_rows(*p) == SAGE_Q_SCALE_ROWS_FINE)
+    missing = "q_scale_rows=16 (16-row Q scales)";
   if (launch == Launch::kAttention) {
     if (!f.causal && p->mask == SAGE_MASK_CAUSAL) missing = "causal attention";
     if (!f.lse && p->lse) missing = "return_lse";

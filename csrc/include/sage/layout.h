@@ -16,7 +16,11 @@ SAGE_HD uint16_t* halves(void* p) { return static_cast<uint16_t*>(p); }
 
 SAGE_HD constexpr int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 SAGE_HD constexpr int64_t padded_len(int64_t len) { return round_up(len, SAGE_SEQ_ALIGN); }
-SAGE_HD constexpr int64_t scale_blocks(int64_t padded) { return padded / SAGE_SCALE_BLOCK; }
+// Scales along a padded sequence axis of `rows` rows each (K: always SAGE_SCALE_BLOCK; Q:
+// q_scale_rows(p), 32 or 16).
+SAGE_HD constexpr int64_t scale_blocks(int64_t padded, int64_t rows = SAGE_SCALE_BLOCK) {
+  return padded / rows;
+}
 // The kernel head dim that serves `head_dim` channels (prepare zero-pads the rest).
 SAGE_HD constexpr int padded_head_dim(int head_dim) {
   return head_dim <= SAGE_HEAD_DIM_SMALL ? SAGE_HEAD_DIM_SMALL : SAGE_HEAD_DIM_LARGE;
@@ -39,9 +43,26 @@ SAGE_HD constexpr int64_t qk8_offset(int64_t heads, int64_t dim, int64_t s_pad, 
                                      int64_t s, int64_t h, int64_t d) {
   return ((b * s_pad + s) * heads + h) * dim + d;
 }
-// Q/K scales: [B, H, S_pad / 32]; offset of the scale of row s of linear head `head`.
-SAGE_HD constexpr int64_t qk_scale_offset(int64_t head, int64_t s_pad, int64_t s) {
-  return head * scale_blocks(s_pad) + s / SAGE_SCALE_BLOCK;
+// Q/K scales: [B, H, S_pad / rows]; offset of the scale of row s of linear head `head`.
+SAGE_HD constexpr int64_t qk_scale_offset(int64_t head, int64_t s_pad, int64_t s,
+                                          int64_t rows = SAGE_SCALE_BLOCK) {
+  return head * scale_blocks(s_pad, rows) + s / rows;
+}
+// Query rows per Q scale of a call: SageParams::q_scale_rows, 0 meaning SAGE_SCALE_BLOCK
+// (check_params admits only 0, 32 and 16).
+SAGE_HD constexpr int q_scale_rows(const SageParams& p) {
+  return p.q_scale_rows == SAGE_Q_SCALE_ROWS_FINE ? SAGE_Q_SCALE_ROWS_FINE : SAGE_SCALE_BLOCK;
+}
+// The Q scales of `p`, per linear query head: [B, heads_q, q_len_pad / q_scale_rows(p)].
+SAGE_HD constexpr int64_t q_scale_blocks(const SageParams& p) {
+  return scale_blocks(p.q_len_pad, q_scale_rows(p));
+}
+// Offset of the Q scale of row s of linear query head `head`. One branch per granularity, so
+// each division is by a constant (a shift) on a GPU.
+SAGE_HD constexpr int64_t q_scale_offset(const SageParams& p, int64_t head, int64_t s) {
+  return q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE
+             ? qk_scale_offset(head, p.q_len_pad, s, SAGE_Q_SCALE_ROWS_FINE)
+             : qk_scale_offset(head, p.q_len_pad, s, SAGE_SCALE_BLOCK);
 }
 // FP8 V transposed: [B, H, D, S_pad]; offset of (linear head, channel d, key s).
 SAGE_HD constexpr int64_t v8_offset(int64_t head, int64_t dim, int64_t s_pad, int64_t d,

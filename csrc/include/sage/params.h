@@ -18,7 +18,9 @@ extern "C" {
 // 6: sage_prepare_run / sage_attention_run (the launches without the validation the binding
 //    has already done) and sage_module_check_count.
 // 7: per-entry lengths q_lens / kv_lens (key-padding masks, varlen as padded batches).
-#define SAGE_ABI_VERSION 7
+// 8: q_scale_rows (16-row Q scales). It fills the 4 bytes of padding after q_prescale, so
+//    every other field keeps its offset and the struct its size.
+#define SAGE_ABI_VERSION 8
 
 // Head dims the kernels are built for (SageParams::head_dim_pad); any head_dim <= the largest
 // that is a multiple of SAGE_HEAD_DIM_ALIGN is zero-padded by prepare to the next of these.
@@ -29,6 +31,9 @@ extern "C" {
 #define SAGE_HEAD_DIM_ALIGN 8
 // Rows of Q (or K) that share one FP32 quantization scale.
 #define SAGE_SCALE_BLOCK 32
+// SageParams::q_scale_rows of the opt-in fine Q granularity: one Q scale per 16 query rows
+// (K keeps SAGE_SCALE_BLOCK). Half a scale block, so a 32-row Q block holds two of them.
+#define SAGE_Q_SCALE_ROWS_FINE 16
 // Prepared sequence axes are padded to a multiple of this (upstream's layout): one scale
 // block. Kernels with larger tiles bound-check against the padded length.
 #define SAGE_SEQ_ALIGN 32
@@ -76,6 +81,12 @@ typedef struct SageParams {
   // float32(softmax_scale * log2 e) with the product formed in double on the host (upstream's
   // rounding); Q is multiplied by it before quantization so the kernels use exp2.
   float q_prescale;
+  // Query rows per Q scale (prepare writes, attention reads q_scale at this granularity):
+  // 0 or SAGE_SCALE_BLOCK (32) = upstream's one scale per 32-row block, the default (a
+  // zero-initialised SageParams keeps it); SAGE_Q_SCALE_ROWS_FINE (16) = one per 16 rows,
+  // q_scale [B, heads_q, q_len_pad / 16]. Any other value is refused (check.h). K scales are
+  // per 32 keys either way. Read it through layout.h q_scale_rows().
+  int32_t q_scale_rows;
   // Per-entry lengths, int32 [batch] in the tensors' memory (null: q_len / kv_len for every
   // entry). Entry b has q_lens[b] real query rows and kv_lens[b] real keys; the rows and keys
   // past them are padding whatever the inputs hold there. Prepare gives them zero codes and
@@ -109,7 +120,7 @@ typedef struct SageParams {
 
   // ---- prepared tensors (contiguous; see layout.h). D = head_dim_pad ----
   int8_t* q8;        // [B, q_len_pad, heads_q, D]
-  float* q_scale;    // [B, heads_q, q_len_pad / 32]
+  float* q_scale;    // [B, heads_q, q_len_pad / q_scale_rows (32 or 16)]
   int8_t* k8;        // [B, kv_len_pad, heads_kv, D]
   float* k_scale;    // [B, heads_kv, kv_len_pad / 32]
   sage_fp8_t* v8;    // [B, heads_kv, D, kv_len_pad]  (V transposed; pv_dtype FP8, else null)
