@@ -14,8 +14,9 @@
 //               the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
-//               Two builds: qk with the fused steps, and qk_plain without them for calls that
-//               ask for none (upstream's default), which then carry none of their registers.
+//               Two builds: qk with the fused steps (and q_scale_rows 16), and qk_plain without
+//               them for calls that ask for none (upstream's default), which then carry none of
+//               their registers.
 //   3. v_quant  one workgroup per (128-key tile, kv head, batch): folds the head's partial
 //               maxima into v_scale (tile 0 writes it out), then V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
@@ -52,14 +53,11 @@ struct PrepTraits {
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
-  // NVIDIA only: resident qk_plain blocks per SM, for loads in flight: the kernel reads a
-  // block's 8 (4) KiB at once, then reduces and stores. Measured when one build served every
-  // call: left free, ptxas took 127 registers, 4 blocks fit, and the kernel streamed ~1 TB/s on
-  // an H200 (302 us at B1 H24 S16384); at 8 blocks (64 registers) 210 us, 6 blocks 222 us. The
-  // plain build recomputes a pass's values from its raw loads (qk_body's refresh), so 9 blocks
-  // fit at Dp 128 (55 registers) and 10 at Dp 64 (48) without a stack frame (one more of each
-  // spilled, with q_scale_rows 16's second maximum and reciprocal).
-  static constexpr int kQkNvBlocks = kHeadDim == SAGE_HEAD_DIM_SMALL ? 10 : 9;
+  // NVIDIA only: 8 resident qk_plain blocks per SM (a 64-register cap; it needs 62). Measured
+  // when one build served every call: left free, ptxas took 127 registers, 4 blocks fit, and
+  // the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24 S16384); at 8 blocks twice the
+  // loads are in flight (210 us), 6 blocks gave 222 us.
+  static constexpr int kQkNvBlocks = 8;
   // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
   // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
@@ -446,7 +444,8 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   // The scales: Q with q_scale_rows 16 one per half, each over the workgroup; otherwise one
   // per block (the halves combined first: nan_max(lo, hi) keeps the first NaN in pass order,
   // as one running maximum over the passes does). Uniform over the workgroup.
-  const bool halves = is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
+  // (The plain build never: q_scale_rows 16 is one of the fused build's options, fused_qk.)
+  const bool halves = kFused && is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
   float scale[2];
   if (halves) {
     SAGE_LDS(float, half_max, 2 * T::kQkThreads);
@@ -458,23 +457,6 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     workgroup_amax<T>(block, block_max, tid, wave);
     scale[0] = scale[1] = int8_block_scale(block[0]);
   }
-  // The plain build's values of a pass again, from its raw loads, right before they are
-  // quantized (finish_row without norm / RoPE is the unpack alone; the same operations, so the
-  // same bits): x's registers end at the maximum, and kQkNvBlocks workgroups fit (PrepTraits).
-  const auto refresh = [&](int pass) {
-#if defined(SAGE_HAS_REMAT_FENCE)
-    if constexpr (!kFused) {
-      const int s = row_of(pass);
-      const bool in_seq = s < len;
-      sage_remat_fence(raw[pass].raw);
-      float v[T::kChunk];
-      finish_row<T>(f, p, s, in_seq, raw[pass], v);
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i)
-        x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
-    }
-#endif
-  };
 
   // The 8 codes of a pass, packed (quant: value, the pass's scale -> int8 code).
   const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
@@ -490,7 +472,6 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     for (int pass = 0; pass < T::kQkPasses; ++pass) {
       const int s = row_of(pass);
       uint32_t word[2];
-      refresh(pass);
       codes(pass, word);
       sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
                          v2i32{int(word[0]), int(word[1])});
@@ -693,12 +674,15 @@ int check_launch(int rc, const char* kernel) {
 #endif
 }
 
-// Which qk kernel: the fused one (RMSNorm, RoPE or K smoothing asked for) or the plain one
-// (upstream's default call). The plain kernel has none of the fused steps' code or registers:
-// the fused kernel's norm weights spill under the NVIDIA register cap, and its instruction
-// count per element was about 54 on an H200 (issue-bound at 210 us, B1 H24 S16384).
+// Which qk kernel: the fused one (RMSNorm, RoPE, K smoothing or 16-row Q scales asked for) or
+// the plain one (upstream's default call). The plain kernel has none of the fused steps' code
+// or registers: the fused kernel's norm weights spill under the NVIDIA register cap, and its
+// instruction count per element was about 54 on an H200 (issue-bound at 210 us, B1 H24
+// S16384). With the 16-row scales' second maximum and reciprocal, the plain kernel spilled at
+// its 64-register cap and ran 122 us instead of 109 (H200, B1 H24 S16384, 9 blocks per SM).
 bool fused_qk(const SageParams& p) {
-  return p.q_norm_weight || p.k_norm_weight || p.rope_cos || p.smooth_k;
+  return p.q_norm_weight || p.k_norm_weight || p.rope_cos || p.smooth_k ||
+         sage::q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
 }
 
 // The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and

@@ -114,14 +114,6 @@ SAGE_DEVICE float sage_fmax_nan(float a, float b) {
 // prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
 // where it cannot vouch for the code): the division was ~12 instructions a value there.
 #define SAGE_QUANT_I8_RECIP 1
-// The compiler must take `u` as changed here: what is derived from it afterwards is derived
-// anew rather than kept in registers from before (prepare's plain qk: its 32 FP32 values of a
-// block are recomputed from the 16 registers of raw loads after the block's reduction, so
-// twice the workgroups fit an SM).
-#define SAGE_HAS_REMAT_FENCE 1
-SAGE_DEVICE void sage_remat_fence(uint4& u) {
-  asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
-}
 SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
   unsigned short pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x: low byte
