@@ -57,18 +57,22 @@ SAGE_EXPORT uint8_t sage_e4m3(float x) { return sage::f32_to_e4m3_sat(x); }
 SAGE_EXPORT float sage_e4m3_decode(uint8_t b) { return sage::e4m3_to_f32(b); }
 SAGE_EXPORT int8_t sage_quant_i8(float x, float s) { return sage::quant_i8(x, s); }
 SAGE_EXPORT uint8_t sage_quant_v(float x, float s) { return sage::quant_v(x, s); }
-// quant_i8_normal against quant_i8 over n_blocks blocks of `block` values, each block's scale
-// taken from its |x| maximum as prepare does; blocks whose scale is not normal do not use the
-// fast form and are not compared. Returns the mismatches; *compared counts the values compared.
+// A block's int8 scale from its |x| maximum, as prepare takes it.
+static float block_scale_of(const float* xb, int64_t block) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < block; ++i) amax = sage::nan_max(amax, __builtin_fabsf(xb[i]));
+  return sage::int8_block_scale(amax);
+}
+// quant_i8_normal against quant_i8 over n_blocks blocks of `block` values (block_scale_of);
+// blocks whose scale is not normal do not use the fast form and are not compared. Returns the
+// mismatches; *compared counts the values compared.
 SAGE_EXPORT int64_t sage_quant_i8_normal_mismatches(const float* x, int64_t n_blocks, int64_t block,
                                                     int64_t* compared) {
   int64_t bad = 0;
   *compared = 0;
   for (int64_t blk = 0; blk < n_blocks; ++blk) {
     const float* xb = x + blk * block;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < block; ++i) amax = sage::nan_max(amax, __builtin_fabsf(xb[i]));
-    const float scale = sage::int8_block_scale(amax);
+    const float scale = block_scale_of(xb, block);
     if (!sage::int8_scale_is_normal(scale)) continue;
     for (int64_t i = 0; i < block; ++i)
       bad += sage::quant_i8_normal(xb[i], scale) != sage::quant_i8(xb[i], scale);
@@ -85,9 +89,7 @@ SAGE_EXPORT int64_t sage_quant_i8_recip_mismatches(const float* x, int64_t n_blo
   *compared = *unsure = 0;
   for (int64_t blk = 0; blk < n_blocks; ++blk) {
     const float* xb = x + blk * block;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < block; ++i) amax = sage::nan_max(amax, __builtin_fabsf(xb[i]));
-    const float scale = sage::int8_block_scale(amax);
+    const float scale = block_scale_of(xb, block);
     if (!sage::int8_scale_is_normal(scale) || !sage::int8_recip_ok(scale)) continue;
     const float recip = 1.0f / scale;
     for (int64_t i = 0; i < block; ++i) {

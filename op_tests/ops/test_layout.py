@@ -44,21 +44,12 @@ def probe():
     lib.sage_e4m3_decode.argtypes = [ctypes.c_uint8]
     lib.sage_quant_i8.restype = ctypes.c_int8
     lib.sage_quant_i8.argtypes = [ctypes.c_float, ctypes.c_float]
-    lib.sage_quant_i8_normal_mismatches.restype = i64
-    lib.sage_quant_i8_normal_mismatches.argtypes = [
-        ctypes.POINTER(ctypes.c_float),
-        i64,
-        i64,
-        ctypes.POINTER(i64),
-    ]
-    lib.sage_quant_i8_recip_mismatches.restype = i64
-    lib.sage_quant_i8_recip_mismatches.argtypes = [
-        ctypes.POINTER(ctypes.c_float),
-        i64,
-        i64,
-        ctypes.POINTER(i64),
-        ctypes.POINTER(i64),
-    ]
+    # (values, n_blocks, block, *compared[, *unsure]) -> mismatches
+    blocks_args = [ctypes.POINTER(ctypes.c_float), i64, i64, ctypes.POINTER(i64)]
+    for name, counters in (("normal", 0), ("recip", 1)):
+        fn = getattr(lib, f"sage_quant_i8_{name}_mismatches")
+        fn.restype = i64
+        fn.argtypes = blocks_args + [ctypes.POINTER(i64)] * counters
     lib.sage_quant_v.restype = ctypes.c_uint8
     lib.sage_quant_v.argtypes = [ctypes.c_float, ctypes.c_float]
     lib.sage_f32_to_bf16.restype = ctypes.c_uint16
