@@ -111,15 +111,15 @@ SAGE_DEVICE float sage_fmax_nan(float a, float b) {
 // over all 2^32 floats. The bit-level encoder took ~25 instructions a value: prepare's v_quant
 // was issue-bound (H200, B1 H24 S16384: 52 instructions per element, 104 us).
 #define SAGE_HAS_E4M3_SAT 1
-// prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
-// where it cannot vouch for the code): the division was ~12 instructions a value there.
-#define SAGE_QUANT_I8_RECIP 1
 SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
   unsigned short pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x: low byte
   const uint8_t nan = uint8_t(((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu);
   return x != x ? nan : uint8_t(pair & 0xffu);
 }
+// prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
+// where it cannot vouch for the code): the division was ~12 instructions a value there.
+#define SAGE_QUANT_I8_RECIP 1
 
 SAGE_DEVICE int sage_thread_id() { return int(threadIdx.x); }
 SAGE_DEVICE int sage_block_id_x() { return int(blockIdx.x); }
