@@ -53,11 +53,13 @@ struct PrepTraits {
   static constexpr int kQkThreads = 128;
   static constexpr int kQkRowsPerPass = kQkThreads / kLanesPerRow;
   static constexpr int kQkPasses = SAGE_SCALE_BLOCK / kQkRowsPerPass;
-  // NVIDIA only: 8 resident qk_plain blocks per SM (a 64-register cap; it needs 62). Measured
-  // when one build served every call: left free, ptxas took 127 registers, 4 blocks fit, and
-  // the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24 S16384); at 8 blocks twice the
-  // loads are in flight (210 us), 6 blocks gave 222 us.
-  static constexpr int kQkNvBlocks = 8;
+  // NVIDIA only: resident qk_plain blocks per SM, a register cap (the more blocks, the more
+  // loads in flight). Measured when one build served every call: left free, ptxas took 127
+  // registers, 4 blocks fit, and the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24
+  // S16384); at 8 blocks 210 us, 6 blocks 222 us. The plain build alone: 9 blocks (56
+  // registers, no spill with BF16 input) 112.3 -> 107.5 us at Dp 128; FP16 input spills at 9
+  // and keeps 8; Dp 64 fits 10 (48 registers; 69.3 -> 68.8 us).
+  static constexpr int kQkNvBlocks = kDp == 64 ? 10 : kInDtype == SAGE_DTYPE_BF16 ? 9 : 8;
   // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
   // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
@@ -74,6 +76,10 @@ struct PrepTraits {
   static constexpr int kVsUnroll = 8;
   // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
   static constexpr int kVqThreads = 256;
+  // NVIDIA only: resident v_quant blocks per SM, a register cap: 4 (64 registers; the raw
+  // loads hold 32) at Dp 128 instead of 3 at 71 registers, 65.4 -> 63.8 us at B1 H24 S16384 on
+  // an H200; Dp 64 5 (48 registers; 31.9 -> 32.3 us, no change).
+  static constexpr int kVqNvBlocks = kDp == 128 ? 4 : 5;
   static constexpr int kVqKeysPerThread = 4;  // one 32-bit LDS word per channel
   static constexpr int kVqPasses = kVtKeys / (kVqThreads / kLanesPerRow * kVqKeysPerThread);
   static_assert(kHeadDim == SAGE_HEAD_DIM_SMALL || kHeadDim == SAGE_HEAD_DIM_LARGE, "");
@@ -560,34 +566,32 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i)
     scale[i] = sage_lds_load<float>(channel_scale, 4 * (T::kChunk * c + i));
-  // Quantize; each channel's 4 key codes are kWords LDS words.
+  // Quantize, a channel at a time: its 4 key codes are kWords LDS words, stored before the
+  // next channel's (one channel's words live, not all 8: at 4 workgroups per SM the NVIDIA
+  // build has 64 registers, and the raw loads hold 32 of them).
 #pragma unroll
   for (int pass = 0; pass < T::kVqPasses; ++pass) {
     const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
-    uint32_t word[T::kChunk][kWords];
 #pragma unroll
-    for (int i = 0; i < T::kChunk; ++i)
+    for (int i = 0; i < T::kChunk; ++i) {
+      uint32_t word[kWords];
 #pragma unroll
-      for (int w = 0; w < kWords; ++w) word[i][w] = 0;
+      for (int w = 0; w < kWords; ++w) word[w] = 0;
 #pragma unroll
-    for (int k = 0; k < T::kVqKeysPerThread; ++k) {
-      if (key_of(pass, k) < kv_len && in_d) {
-        float x[T::kChunk];
-        unpack_halfx8(raw[pass][k], T::kDtype, x);
-        constexpr int kBits = 8 * kCodeBytes;
-#pragma unroll
-        for (int i = 0; i < T::kChunk; ++i) {
+      for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+        if (key_of(pass, k) < kv_len && in_d) {
+          float x[T::kChunk];
+          unpack_halfx8(raw[pass][k], T::kDtype, x);  // only x[i] is used
+          constexpr int kBits = 8 * kCodeBytes;
           const uint32_t code =
               kV16 ? uint32_t(quant_v16(x[i], scale[i])) : uint32_t(quant_v(x[i], scale[i]));
-          word[i][k * kBits / 32] |= code << (k * kBits % 32);
+          word[k * kBits / 32] |= code << (k * kBits % 32);
         }
       }
-    }
-#pragma unroll
-    for (int i = 0; i < T::kChunk; ++i)
 #pragma unroll
       for (int w = 0; w < kWords; ++w)
-        sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[i][w]);
+        sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[w]);
+    }
   }
   sage_barrier();
   // Write the transposed tile: Dp channel rows x 128 keys, 16 bytes (16 / kCodeBytes keys) per
@@ -629,7 +633,8 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
                         TRAITS::kQkNvBlocks)(SageParams p) {                              \
     qk_body<TRAITS, false>(p);                                                            \
   }                                                                                       \
-  SAGE_KERNEL(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) {   \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads,         \
+                        TRAITS::kVqNvBlocks)(SageParams p) {                              \
     v_quant_body<TRAITS, false>(p);                                                       \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_quant16##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
