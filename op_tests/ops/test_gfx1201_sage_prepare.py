@@ -279,6 +279,41 @@ def test_prepare_large_and_tiny_magnitudes(backend, magnitude):
     assert_prepared_equal(got, ref.prepare(q, k, v))
 
 
+def every_finite_value_v(dtype, amaxes, seed):
+    """V [1, S, len(amaxes), 128] whose head h holds every finite value of `dtype` of magnitude
+    <= amaxes[h] once (shuffled), key 0 = amaxes[h] in every channel, zeros after."""
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    heads = []
+    for h, amax in enumerate(amaxes):
+        vals = every[every.abs() <= amax]  # NaN and inf compare false
+        g = torch.Generator().manual_seed(seed + h)
+        heads.append(
+            torch.cat([torch.full((128,), amax), vals[torch.randperm(len(vals), generator=g)]])
+        )
+    keys = -(-max(len(x) for x in heads) // 128)
+    v = torch.zeros(len(amaxes), keys * 128)
+    for h, x in enumerate(heads):
+        v[h, : len(x)] = x
+    return v.view(len(amaxes), keys, 128).transpose(0, 1)[None].contiguous().to(dtype)
+
+
+@pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_prepare_v_codes_of_every_16_bit_value(backend, dtype):
+    """Every finite BF16 / FP16 value up to a channel's maximum, for a few maxima: V's e4m3
+    codes and scales are ref.prepare's. The formats hold each e4m3 midpoint exactly, so v / s
+    lands on or within an ulp of one (where the division's last bit and the ties decide the
+    code); the e4m3 subnormals, signed zeros and saturation at 448 are there too. The BF16
+    maximum 1e-35 gives a scale near FP32's smallest normal."""
+    amaxes = (448.0, 3.0, 0.0123, 1e-35 if dtype == torch.bfloat16 else 6e-5)
+    v = every_finite_value_v(dtype, amaxes, seed=30)
+    s = v.shape[1]
+    q = randn_bshd(1, s, len(amaxes), seed=31).to(dtype)
+    k = randn_bshd(1, s, len(amaxes), seed=32).to(dtype)
+    got = aiter_sage.gfx1201_sage_prepare(*to_device(backend, q, k, v), backend=backend)
+    assert_prepared_equal(got, ref.prepare(q, k, v))
+
+
 @pytest.mark.parametrize("backend", backend_params())
 def test_prepare_strided_and_misaligned_inputs(backend):
     """Views of a packed QKV projection, a head-major tensor and an odd storage offset: the
