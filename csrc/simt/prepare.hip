@@ -526,6 +526,9 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   constexpr int kWords = T::kVqKeysPerThread * kCodeBytes / 4;
   SAGE_LDS(uint32_t, vt, T::kHeadDim* vt_row_bytes(kCodeBytes) / 4);
   SAGE_LDS(float, channel_scale, T::kHeadDim);
+#if defined(SAGE_QUANT_V_RECIP)
+  SAGE_LDS(float, channel_recip, T::kHeadDim);  // 1/s where v_recip_ok, else 0
+#endif
   const int tid = sage_thread_id();
   const int tile = sage_block_id_x(), hd = sage_block_id_y(), b = sage_block_id_z();
   const int64_t head = head_index(p.heads_kv, b, hd);
@@ -559,38 +562,98 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
                                        4 * v_amax_part_offset(head, T::kHeadDim, split, tid)));
     const float s = v_channel_scale(m);
     sage_lds_store(channel_scale, 4 * tid, s);
+#if defined(SAGE_QUANT_V_RECIP)
+    sage_lds_store(channel_recip, 4 * tid, v_recip_ok(s) ? sage_rcpf(s) : 0.0f);
+#endif
     if (tile == 0) sage_gstore<float>(p.v_scale, 4 * channel_offset(head, T::kHeadDim, tid), s);
   }
   sage_barrier();
-  float scale[T::kChunk];  // channels >= D: amax 0, scale 0, so their codes are +0
+#if defined(SAGE_QUANT_V_RECIP)
+  if constexpr (!kV16) {
+    // The cuda e4m3 build: quant.h's quant_v_recip_arg (a multiply by the channel's 1/s and
+    // an FMA residual at one midpoint, no division) and two values per conversion. The words
+    // with a value it leaves to the division (e4m3 subnormal codes, zeros, padded keys), and the
+    // channels whose scale is outside v_recip_ok (zero, tiny, huge, NaN; D < Dp's empty ones), are
+    // redone by the division in a rolled loop afterwards: unrolled beside the fast path, the
+    // division outgrew the instruction cache (H200 Nsight Compute: "no instruction" stalls).
+    static_assert(T::kVqKeysPerThread == 4 && kWords == 1, "two e4m3 pairs per LDS word");
+    static_assert(T::kVqPasses * T::kChunk < 32, "one bit per (pass, channel) in `redo`");
+    uint32_t redo = 0;  // bit pass * kChunk + i: channel i's word of the pass
 #pragma unroll
-  for (int i = 0; i < T::kChunk; ++i)
-    scale[i] = sage_lds_load<float>(channel_scale, 4 * (T::kChunk * c + i));
-  // Quantize, a channel at a time: its 4 key codes are kWords LDS words, stored before the
-  // next channel's (one channel's words live, not all 8: at 4 workgroups per SM the NVIDIA
-  // build has 64 registers, and the raw loads hold 32 of them).
+    for (int i = 0; i < T::kChunk; ++i) {  // a channel at a time: its s and 1/s alone live
+      const int ch = T::kChunk * c + i;
+      const float sc = sage_lds_load<float>(channel_scale, 4 * ch);
+      const float r = sage_lds_load<float>(channel_recip, 4 * ch);
 #pragma unroll
-  for (int pass = 0; pass < T::kVqPasses; ++pass) {
-    const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+      for (int pass = 0; pass < T::kVqPasses; ++pass) {
+        bool unsure = !(r > 0.0f);
+        float t[T::kVqKeysPerThread];
 #pragma unroll
-    for (int i = 0; i < T::kChunk; ++i) {
-      uint32_t word[kWords];
-#pragma unroll
-      for (int w = 0; w < kWords; ++w) word[w] = 0;
-#pragma unroll
-      for (int k = 0; k < T::kVqKeysPerThread; ++k) {
-        if (key_of(pass, k) < kv_len && in_d) {
+        for (int k = 0; k < T::kVqKeysPerThread; ++k) {
           float x[T::kChunk];
           unpack_halfx8(raw[pass][k], T::kDtype, x);  // only x[i] is used
-          constexpr int kBits = 8 * kCodeBytes;
-          const uint32_t code =
-              kV16 ? uint32_t(quant_v16(x[i], scale[i])) : uint32_t(quant_v(x[i], scale[i]));
-          word[k * kBits / 32] |= code << (k * kBits % 32);
+          t[k] = quant_v_recip_arg(x[i], sc, r, unsure);
         }
+        const uint32_t word = uint32_t(sage_e4m3x2_finite(t[0], t[1])) |
+                              uint32_t(sage_e4m3x2_finite(t[2], t[3])) << 16;
+        redo |= uint32_t(unsure) << (pass * T::kChunk + i);
+        const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+        sage_lds_store(vt, vt_lds_offset(ch, key0, 1), word);  // rewritten below if redone
       }
+    }
+#pragma unroll 1
+    for (int bit = 0; redo >> bit; ++bit) {
+      if (!((redo >> bit) & 1u)) continue;
+      const int pass = bit / T::kChunk, i = bit % T::kChunk, ch = T::kChunk * c + i;
+      const float sc = sage_lds_load<float>(channel_scale, 4 * ch);
+      uint32_t word = 0;
 #pragma unroll
-      for (int w = 0; w < kWords; ++w)
-        sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[w]);
+      for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+        // Channel i of key k by selects (a dynamic index into raw would go to local memory).
+        u32x4 r = raw[0][k];
+#pragma unroll
+        for (int q = 1; q < T::kVqPasses; ++q)
+          if (pass == q) r = raw[q][k];
+        const uint32_t pair = i < 4 ? (i < 2 ? r.x : r.y) : (i < 6 ? r.z : r.w);
+        const float x = half_to_f32(uint16_t(i & 1 ? pair >> 16 : pair & 0xffffu), T::kDtype);
+        if (key_of(pass, k) < kv_len && in_d) word |= uint32_t(quant_v(x, sc)) << (8 * k);
+      }
+      const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+      sage_lds_store(vt, vt_lds_offset(ch, key0, 1), word);
+    }
+  } else
+#endif
+  {
+    float scale[T::kChunk];  // channels >= D: amax 0, scale 0, so their codes are +0
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+      scale[i] = sage_lds_load<float>(channel_scale, 4 * (T::kChunk * c + i));
+    // Quantize, a channel at a time: its 4 key codes are kWords LDS words, stored before the
+    // next channel's (one channel's words live, not all 8: at 4 workgroups per SM the NVIDIA
+    // build has 64 registers, and the raw loads hold 32 of them).
+#pragma unroll
+    for (int pass = 0; pass < T::kVqPasses; ++pass) {
+      const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) {
+        uint32_t word[kWords];
+#pragma unroll
+        for (int w = 0; w < kWords; ++w) word[w] = 0;
+#pragma unroll
+        for (int k = 0; k < T::kVqKeysPerThread; ++k) {
+          if (key_of(pass, k) < kv_len && in_d) {
+            float x[T::kChunk];
+            unpack_halfx8(raw[pass][k], T::kDtype, x);  // only x[i] is used
+            constexpr int kBits = 8 * kCodeBytes;
+            const uint32_t code =
+                kV16 ? uint32_t(quant_v16(x[i], scale[i])) : uint32_t(quant_v(x[i], scale[i]));
+            word[k * kBits / 32] |= code << (k * kBits % 32);
+          }
+        }
+#pragma unroll
+        for (int w = 0; w < kWords; ++w)
+          sage_lds_store(vt, vt_lds_offset(T::kChunk * c + i, key0, kCodeBytes) + 4 * w, word[w]);
+      }
     }
   }
   sage_barrier();

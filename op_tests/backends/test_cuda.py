@@ -140,7 +140,10 @@ def test_prepare_compiles_without_contraction(tmp_path):
     assert "--fmad=false" in paths._spec_flags(spec, "cuda")
     log = _compile("module_gfx1201_sage_prepare", ("-ptx", "-o", "p.ptx"), tmp_path)
     ptx = (tmp_path / "p.ptx").read_text()
-    assert "fma.rn.f32" not in ptx, log
+    # quant.h's fma_exact (v_quant's exact residual) is the one FMA asked for, in marked asm
+    exact = re.compile(r"\{ // sage: fma_exact\s*fma\.rn\.f32[^;]*;\s*\}")
+    assert exact.search(ptx), log
+    assert "fma.rn.f32" not in exact.sub("", ptx), log
     for name in ("sage_prepare_v_scale_kernel", "sage_prepare_qk_d64_f16_kernel"):
         assert f".entry {name}" in ptx
 

@@ -103,6 +103,32 @@ SAGE_EXPORT int64_t sage_quant_i8_recip_mismatches(const float* x, int64_t n_blo
   }
   return bad;
 }
+// quant_v_recip (with its quant_v fallback where unsure, as the cuda v_quant kernel does)
+// against quant_v over every finite 16-bit value of `dtype` (SageDtype) up to each channel
+// maximum amaxes[j] (the kernel's domain; scale v_channel_scale(amax), 1/s correctly rounded);
+// channels whose scale is not v_recip_ok are skipped. *compared counts the values compared,
+// *unsure those that fell back.
+SAGE_EXPORT int64_t sage_quant_v_recip_mismatches(const float* amaxes, int64_t n, int dtype,
+                                                  int64_t* compared, int64_t* unsure) {
+  int64_t bad = 0;
+  *compared = *unsure = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const float amax = amaxes[j], scale = sage::v_channel_scale(amax);
+    if (!sage::v_recip_ok(scale)) continue;
+    const float recip = 1.0f / scale;
+    for (uint32_t h = 0; h < 0x10000u; ++h) {
+      const float v = sage::half_to_f32(uint16_t(h), dtype);
+      if (!(__builtin_fabsf(v) <= amax)) continue;  // NaN and inf too
+      bool u = false;
+      sage_fp8_t code = sage::quant_v_recip(v, scale, recip, u);
+      if (u) code = sage::quant_v(v, scale);
+      *unsure += u;
+      bad += code != sage::quant_v(v, scale);
+      ++*compared;
+    }
+  }
+  return bad;
+}
 SAGE_EXPORT uint16_t sage_f32_to_bf16(float x) { return sage::f32_to_bf16(x); }
 SAGE_EXPORT uint16_t sage_f32_to_fp16(float x) { return sage::f32_to_fp16(x); }
 SAGE_EXPORT float sage_fp16_to_f32(uint16_t h) { return sage::fp16_to_f32(h); }

@@ -50,6 +50,14 @@ def probe():
         fn = getattr(lib, f"sage_quant_i8_{name}_mismatches")
         fn.restype = i64
         fn.argtypes = blocks_args + [ctypes.POINTER(i64)] * counters
+    lib.sage_quant_v_recip_mismatches.restype = i64
+    lib.sage_quant_v_recip_mismatches.argtypes = [
+        ctypes.POINTER(ctypes.c_float),
+        i64,
+        ctypes.c_int,
+        ctypes.POINTER(i64),
+        ctypes.POINTER(i64),
+    ]
     lib.sage_quant_v.restype = ctypes.c_uint8
     lib.sage_quant_v.argtypes = [ctypes.c_float, ctypes.c_float]
     lib.sage_f32_to_bf16.restype = ctypes.c_uint16
@@ -256,6 +264,41 @@ def test_quant_i8_recip_equals_quant_i8(probe):
         assert bad == 0
         assert compared.value > 0.9 * x.numel()
         assert unsure.value <= max_unsure * compared.value, (unsure.value, compared.value)
+
+
+SAGE_DTYPE = {torch.bfloat16: 0, torch.float16: 1}  # params.h SageDtype
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_quant_v_recip_equals_quant_v(probe, dtype):
+    """The cuda v_quant's division-free e4m3 encoding (quant.h quant_v_recip: one midpoint
+    decided by an FMA residual; the division only below e4m3's normal range) gives quant_v's
+    code for every finite 16-bit input up to the channel's maximum, in 400 channels whose
+    maxima are values of the format spread over the scale range where v_recip_ok holds, and at
+    the maxima 448 (scale ~1: inputs on the e4m3 midpoints) and 7 * 2^k (a factor 7 like 448's:
+    BF16 inputs land within an ulp of the midpoints; 5 % of randn BF16 channels have such a
+    maximum). Only quotients below e4m3's normal range (zero included) fall back."""
+    g = torch.Generator().manual_seed(12)
+    lo, hi = (-80, 80) if dtype == torch.bfloat16 else (-5, 7)  # scales 2^-89 .. 2^72; FP16's
+    expo = torch.randint(lo, hi, (400,), generator=g).float()
+    amax = ((torch.rand(400, generator=g) + 1.0) * torch.pow(2.0, expo)).to(dtype).float()
+    fixed = torch.tensor([448.0, 1.0, 3.0, 7.0, 0.4375, 224.0, 1.75 * 2.0**-4])
+    amax = torch.cat([amax, fixed.to(dtype).float()]).contiguous()
+    compared, unsure = ctypes.c_int64(0), ctypes.c_int64(0)
+    ptr = ctypes.cast(amax.data_ptr(), ctypes.POINTER(ctypes.c_float))
+    bad = probe.sage_quant_v_recip_mismatches(
+        ptr, amax.numel(), SAGE_DTYPE[dtype], ctypes.byref(compared), ctypes.byref(unsure)
+    )
+    assert bad == 0
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    scale = amax * torch.tensor(1.0 / 448, dtype=torch.float32)
+    ok = (scale >= 2.0**-90) & (scale <= 2.0**90)
+    assert ok.sum() >= 400
+    kept = every.abs()[None] <= amax[ok, None]
+    assert compared.value == int(kept.sum())
+    # the quotients below 2^-6: those of |v| below ~scale / 64, give or take 1/s's rounding
+    tiny = kept & (every.abs()[None] < scale[ok, None] * 2.0**-6)
+    assert abs(unsure.value - int(tiny.sum())) <= 0.001 * int(tiny.sum()) + 10
 
 
 def test_scalar_quantizers_match_reference(probe):

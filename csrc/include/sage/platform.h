@@ -63,6 +63,8 @@
 //   convert    sage_cvt_pk_f16(x, y)          two f32 -> packed fp16 pair (RNE)
 //   convert    sage_e4m3_sat(x)               f32 -> e4m3fn, quant.h f32_to_e4m3_sat's bits
 //                                             (CUDA only, where SAGE_HAS_E4M3_SAT is defined)
+//              sage_e4m3x2_finite(lo, hi)     two finite f32 -> two e4m3 bytes, lo low (CUDA
+//                                             only, where SAGE_QUANT_V_RECIP is defined)
 //   math       sage_fmax_nan(a, b)            NaN-propagating max (CUDA only, SAGE_HAS_FMAX_NAN)
 //   convert    sage_cvt_pk_fp8(x, y, old, hi) two f32 -> two e4m3 bytes in the low (hi=false)
 //                                             or high (hi=true) half of `old` (RNE, no clamp)
@@ -117,6 +119,16 @@ SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
   const uint8_t nan = uint8_t(((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu);
   return x != x ? nan : uint8_t(pair & 0xffu);
 }
+// Two finite floats -> their e4m3 codes in one conversion, lo in the low byte: sage_e4m3_sat's
+// bits without its NaN repair (quant.h's quant_v_recip_arg gives no NaN).
+SAGE_DEVICE uint16_t sage_e4m3x2_finite(float lo, float hi) {
+  unsigned short pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
+}
+// prepare's v_quant encodes with quant.h's quant_v_recip_arg (no division) and
+// sage_e4m3x2_finite, the division only for a channel whose scale is not v_recip_ok.
+#define SAGE_QUANT_V_RECIP 1
 // prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
 // where it cannot vouch for the code): the division was ~12 instructions a value there.
 #define SAGE_QUANT_I8_RECIP 1

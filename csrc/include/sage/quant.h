@@ -212,6 +212,51 @@ SAGE_HD sage_fp8_t quant_v(float v, float scale) {
   return f32_to_e4m3_sat(t);
 #endif
 }
+// ---- quant_v without a division (the cuda v_quant: SAGE_QUANT_V_RECIP) ----
+// quant_v's code is E(t), t = RN(v / s), E = f32_to_e4m3_sat. With r = RN(1/s) once per channel,
+// t' = RN(|v| r) lies within 3 ulp of |t| (|e_r| <= 2^-24 twice, and t's own rounding). E steps
+// only at the midpoints between e4m3 magnitudes; for t' in e4m3's normal range (>= 2^-6) let m
+// be the midpoint of the e4m3 interval holding t' (its 3 kept bits, then a 1): m is within a
+// few ulp of every step t could cross, so one comparison decides. With x = |v| - m s and
+// h = s ulp(m) / 2 (m is no power of two, and its last bit is 0, so ties go to m):
+//   * RN(|v| / s) = m iff |x| <= h; otherwise |t| lies on x's side of m, in the e4m3 interval
+//     below or above it (or at its edge value, which encodes alike);
+//   * x = fma_exact(-m, s, |v|) is exact wherever |x| is near h (m is then within an ulp of
+//     |v| / s, and x needs about 23 bits), so the comparisons are exact.
+// The code is E of m, or of m's neighbour float on x's side, with v's sign: no division and no
+// branch. Left to the division (`unsure`): t' < 2^-6, e4m3's subnormal steps and zero (rare in
+// a channel whose maximum is not 0; the kernel's padded keys take it too). Preconditions: s in
+// [2^-90, 2^90] (v_recip_ok: r, m s and h are normal) and |v| <= 448 s (1 + 2^-22), which the
+// channel's own maximum gives (amax = 448 s up to s's rounding). H200, B1 H24 S16384: v_quant
+// 63.8 -> 56.7 us (the division and its branch were ~12 of ~31 instructions a value; the
+// kernel is issue-bound).
+SAGE_HD bool v_recip_ok(float scale) { return scale >= 0x1p-90f && scale <= 0x1p90f; }
+// a * b + c rounded once, on purpose in a file built without contraction: on a CUDA device in
+// an asm block that op_tests/backends/test_cuda.py (no contraction in prepare) recognises.
+SAGE_HD float fma_exact(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("{ // sage: fma_exact\n\tfma.rn.f32 %0, %1, %2, %3;\n\t}" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+  return r;
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+// The float whose e4m3 code is quant_v(v, scale)'s (recip = RN(1 / scale)), unless `unsure`.
+SAGE_HD float quant_v_recip_arg(float v, float scale, float recip, bool& unsure) {
+  const float a = __builtin_fabsf(v);
+  const uint32_t u = f32_bits(a * recip);
+  unsure = unsure | (u < f32_bits(0x1p-6f));
+  const uint32_t mb = (u & 0xfff00000u) | 0x80000u;
+  const float x = fma_exact(-bits_f32(mb), scale, a);
+  const float h = bits_f32(f32_bits(scale) + (mb & 0x7f800000u) - (151u << 23));  // s 2^(E_m-24)
+  const uint32_t side = x > h ? 1u : x < -h ? 0xffffffffu : 0u;                   // +1, -1, 0
+  return bits_f32((mb + side) | (f32_bits(v) & 0x80000000u));
+}
+SAGE_HD sage_fp8_t quant_v_recip(float v, float scale, float recip, bool& unsure) {
+  return f32_to_e4m3_sat(quant_v_recip_arg(v, scale, recip, unsure));
+}
+
 // FP16 code of v (pv_dtype FP16): fp16(v / s) with RNE, 0 where s is not > 0. |v / s| <= 448
 // (as for e4m3; a little more only with a subnormal s), far inside FP16's range.
 SAGE_HD sage_fp16_t quant_v16(float v, float scale) {
