@@ -58,6 +58,11 @@ def randn_bshd(b, s, h, *, seed, scale=1.0, device="cpu"):
     return x.to(torch.bfloat16).to(device)
 
 
+def every_16_bit_value(dtype) -> torch.Tensor:
+    """All 65536 bit patterns of a 16-bit float dtype, as float32 (NaN and inf included)."""
+    return torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+
+
 def qkv(b, sq, skv, h, *, seed=0, device="cpu"):
     return (
         randn_bshd(b, sq, h, seed=seed, device=device),

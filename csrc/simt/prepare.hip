@@ -540,9 +540,11 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
   // Every load of the thread first (4 keys x 8 channels per pass), so that they are all in
   // flight at once: the encoding below branches per value, and loads placed between those
   // branches went to memory one after another.
-  const auto key_of = [&](int pass, int k) {
-    return tile * kVtKeys + pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g + k;
+  // The first of the thread's keys in pass `pass`, within the tile; key_of: key k's index.
+  const auto key0_of = [&](int pass) {
+    return pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
   };
+  const auto key_of = [&](int pass, int k) { return tile * kVtKeys + key0_of(pass) + k; };
   u32x4 raw[T::kVqPasses][T::kVqKeysPerThread];
 #pragma unroll
   for (int pass = 0; pass < T::kVqPasses; ++pass)
@@ -597,7 +599,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
         const uint32_t word = uint32_t(sage_e4m3x2_finite(t[0], t[1])) |
                               uint32_t(sage_e4m3x2_finite(t[2], t[3])) << 16;
         redo |= uint32_t(unsure) << (pass * T::kChunk + i);
-        const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+        const int key0 = key0_of(pass);
         sage_lds_store(vt, vt_lds_offset(ch, key0, 1), word);  // rewritten below if redone
       }
     }
@@ -618,7 +620,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
         const float x = half_to_f32(uint16_t(i & 1 ? pair >> 16 : pair & 0xffffu), T::kDtype);
         if (key_of(pass, k) < kv_len && in_d) word |= uint32_t(quant_v(x, sc)) << (8 * k);
       }
-      const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+      const int key0 = key0_of(pass);
       sage_lds_store(vt, vt_lds_offset(ch, key0, 1), word);
     }
   } else
@@ -633,7 +635,7 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
     // build has 64 registers, and the raw loads hold 32 of them).
 #pragma unroll
     for (int pass = 0; pass < T::kVqPasses; ++pass) {
-      const int key0 = pass * (kVtKeys / T::kVqPasses) + T::kVqKeysPerThread * g;
+      const int key0 = key0_of(pass);
 #pragma unroll
       for (int i = 0; i < T::kChunk; ++i) {
         uint32_t word[kWords];

@@ -14,6 +14,7 @@ from aiter_sage import ref
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
 from common import (
     backend_params,
+    every_16_bit_value,
     norm_weights,
     qkv,
     randn_bshd,
@@ -282,7 +283,7 @@ def test_prepare_large_and_tiny_magnitudes(backend, magnitude):
 def every_finite_value_v(dtype, amaxes, seed):
     """V [1, S, len(amaxes), 128] whose head h holds every finite value of `dtype` of magnitude
     <= amaxes[h] once (shuffled), key 0 = amaxes[h] in every channel, zeros after."""
-    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(dtype).float()
+    every = every_16_bit_value(dtype)
     heads = []
     for h, amax in enumerate(amaxes):
         vals = every[every.abs() <= amax]  # NaN and inf compare false

@@ -107,27 +107,28 @@ SAGE_DEVICE float sage_fmax_nan(float a, float b) {
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
-// f32 -> e4m3fn with round-to-nearest-even, saturating to +-448 (inf too), NaN -> 0x7f | sign:
-// quant.h's f32_to_e4m3_sat on the hardware converter (sm_89+). cvt.rn.satfinite gives every
-// NaN as 0x7f, so the sign goes back in; op_tests/cuda_probes/e4m3_probe.cu compares the two
-// over all 2^32 floats. The bit-level encoder took ~25 instructions a value: prepare's v_quant
-// was issue-bound (H200, B1 H24 S16384: 52 instructions per element, 104 us).
-#define SAGE_HAS_E4M3_SAT 1
-SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
-  unsigned short pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(x));  // x: low byte
-  const uint8_t nan = uint8_t(((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu);
-  return x != x ? nan : uint8_t(pair & 0xffu);
-}
-// Two finite floats -> their e4m3 codes in one conversion, lo in the low byte: sage_e4m3_sat's
-// bits without its NaN repair (quant.h's quant_v_recip_arg gives no NaN).
+// Two finite floats -> their e4m3fn codes in one conversion (RNE, saturating to +-448), lo in
+// the low byte: sage_e4m3_sat's bits without its NaN repair (cvt.rn.satfinite gives every NaN
+// as 0x7f; quant.h's quant_v_recip_arg gives no NaN).
 SAGE_DEVICE uint16_t sage_e4m3x2_finite(float lo, float hi) {
   unsigned short pair;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
   return pair;
 }
+// f32 -> e4m3fn with round-to-nearest-even, saturating to +-448 (inf too), NaN -> 0x7f | sign:
+// quant.h's f32_to_e4m3_sat on the hardware converter (sm_89+), the sign put back into its NaN;
+// op_tests/cuda_probes/e4m3_probe.cu compares the two over all 2^32 floats. The bit-level
+// encoder took ~25 instructions a value: prepare's v_quant was issue-bound (H200, B1 H24
+// S16384: 52 instructions per element, 104 us).
+#define SAGE_HAS_E4M3_SAT 1
+SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
+  const uint16_t pair = sage_e4m3x2_finite(x, 0.0f);  // x: low byte
+  const uint8_t nan = uint8_t(((__float_as_uint(x) >> 24) & 0x80u) | 0x7fu);
+  return x != x ? nan : uint8_t(pair & 0xffu);
+}
 // prepare's v_quant encodes with quant.h's quant_v_recip_arg (no division) and
-// sage_e4m3x2_finite, the division only for a channel whose scale is not v_recip_ok.
+// sage_e4m3x2_finite; it divides only for the values quant_v_recip_arg leaves (below e4m3's
+// normal range) and for a channel whose scale is not v_recip_ok.
 #define SAGE_QUANT_V_RECIP 1
 // prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
 // where it cannot vouch for the code): the division was ~12 instructions a value there.
