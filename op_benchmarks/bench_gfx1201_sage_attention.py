@@ -25,10 +25,14 @@ Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value
 (the sage providers quantize K minus its mean), --q_scale_rows (32: upstream's Q scale per 32
 rows; 16: the sage providers' q_scale_rows=16), --dit (DiT-like inputs, see make_inputs), each a
 CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters`
-timed calls in turn (interleaved, so drift hits all alike); the median per-call time over rounds
-is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a causal kernel
-does). With --compare_to_ref each provider's output is also scored against the
-FP32 reference: cosine, relative L2, and % of elements outside the band (atol 0.3, rtol 0.25).
+timed calls in turn (interleaved, so drift hits all alike). Each round starts one provider later
+(round_order); on a GPU each provider's timed calls follow untimed calls of its own, and both
+last at least `--window_ms` (GPU_WINDOW_MS): a power-capped GPU's clocks depend on what ran
+just before, and short bursts after an idle gap run above the clocks of sustained use. The
+median per-call time over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for
+causal: the work a causal kernel does). With --compare_to_ref each provider's output is also
+scored against the FP32 reference: cosine, relative L2, and % of elements outside the band
+(atol 0.3, rtol 0.25).
 
 The backend is the best present (an RDNA4 or Hopper GPU, else the CPU); --backend picks one.
 On a GPU the FP32 reference of --compare_to_ref runs on the GPU (SDPA in float32 through the
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
 import time
@@ -227,34 +232,63 @@ def provider_calls(
     return calls
 
 
+# The GPU's lead-in and timed window per provider and round: an H200 running attention
+# back to back reaches its 700 W cap and steady clocks (1.77-1.80 GHz) within it, where 3 calls
+# after an idle gap ran at up to 1.97 GHz and ~360 W at S 16k, and each provider's clocks
+# depended on the one before it (docs/perf/2026-12-02-cuda-h200-sage2.md, "Sixth run").
+GPU_WINDOW_MS = 100.0
+
 # A device-side wait (~2.5 ms at 2 GHz) queued before a GPU round: the host enqueues the
 # round's calls meanwhile, so the events time the calls alone.
 QUEUE_AHEAD_CYCLES = 5_000_000
 
 
-def time_interleaved(calls, device, warmup, iters, rounds):
-    for fn in calls.values():
+def round_order(names, r):
+    """The providers of round r: `names` rotated left by r (r mod len): with as many rounds as
+    providers, each runs once in every position of a round."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def time_interleaved(calls, device, warmup, iters, rounds, rotate=True, lead_in=0, window=None):
+    """Median seconds per call of each provider. Round r runs the providers in round_order(r)
+    (or as listed, without `rotate`), each `lead_in` untimed calls and then `iters` timed ones.
+    `window` (seconds): at least that long each, by the fastest warm-up call's time: a
+    power-capped GPU reaches its steady clocks only after some tens of milliseconds of load."""
+    counts = {}
+    for name, fn in calls.items():
+        fastest = math.inf
         for _ in range(warmup):
+            synchronize(device)
+            t0 = time.perf_counter()
             fn()
-    synchronize(device)
+            synchronize(device)
+            fastest = min(fastest, time.perf_counter() - t0)
+        fill = 0 if window is None or not math.isfinite(fastest) else math.ceil(window / fastest)
+        counts[name] = (max(lead_in, fill), max(iters, fill))
     samples = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, fn in calls.items():
+    for r in range(rounds):
+        for name in round_order(list(calls), r if rotate else 0):
+            fn, (lead, timed) = calls[name], counts[name]
             synchronize(device)
             if device == "cpu":
-                t0 = time.perf_counter()
-                for _ in range(iters):
+                for _ in range(lead):
                     fn()
-                samples[name].append((time.perf_counter() - t0) / iters)
+                t0 = time.perf_counter()
+                for _ in range(timed):
+                    fn()
+                samples[name].append((time.perf_counter() - t0) / timed)
                 continue
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(QUEUE_AHEAD_CYCLES)
+            for _ in range(lead):
+                fn()
             start.record()
-            for _ in range(iters):
+            for _ in range(timed):
                 fn()
             end.record()
             end.synchronize()
-            samples[name].append(start.elapsed_time(end) / 1e3 / iters)
+            samples[name].append(start.elapsed_time(end) / 1e3 / timed)
     return {name: statistics.median(ts) for name, ts in samples.items()}
 
 
@@ -325,7 +359,19 @@ def run(args):
                 f"# {', '.join(missing)}: skipped (needs SageAttention2's sageattention package "
                 "with its sm90 kernel on a Hopper GPU, and no --mask-pad)"
             )
-        times = time_interleaved(calls, device, args.warmup, args.iters, args.rounds)
+        window_ms = args.window_ms
+        if window_ms is None:
+            window_ms = 0.0 if device == "cpu" else GPU_WINDOW_MS
+        times = time_interleaved(
+            calls,
+            device,
+            args.warmup,
+            args.iters,
+            args.rounds,
+            not args.fixed_order,
+            args.lead_in,
+            window_ms / 1e3 if window_ms > 0 else None,
+        )
         keys = s if kept is None else kept  # FLOPs of the keys that count
         flops = 4.0 * batch * heads * s * keys * d * (0.5 if args.causal else 1.0)
         reference = None
@@ -431,6 +477,23 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="timed calls per provider per round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument(
+        "--fixed_order",
+        action="store_true",
+        help="every round in the providers' listed order (no rotation; shows the order's effect)",
+    )
+    p.add_argument(
+        "--lead_in",
+        type=int,
+        default=0,
+        help="untimed calls of a provider right before its timed ones in each round",
+    )
+    p.add_argument(
+        "--window_ms",
+        type=float,
+        help="lead-in and timed calls of at least this many milliseconds each, counted from the "
+        f"fastest warm-up call (default: {GPU_WINDOW_MS:g} on a GPU, 0 = off on the CPU)",
+    )
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument(
         "--compare_to_ref", action="store_true", help="score outputs against the FP32 reference"

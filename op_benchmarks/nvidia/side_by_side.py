@@ -46,10 +46,10 @@ DIT_PROVIDERS = ["sage", "sage2"]
 DIT_Q16_PROVIDERS = ["sage"]
 
 
-def rows_for(shapes, providers, dit, rounds, q_scale_rows=32):
+def rows_for(shapes, providers, dit, rounds, q_scale_rows=32, timing=()):
     out = []
     for label, b, h, s, d, causal in shapes:
-        args = parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows)
+        args = parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows, timing)
         for r in bench.run(args):
             out.append({"shape": label, **r})
             print(
@@ -59,8 +59,21 @@ def rows_for(shapes, providers, dit, rounds, q_scale_rows=32):
     return out
 
 
-def parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows=32):
-    argv = ["--backend", "cuda", "-b", str(b), "-n", str(h), "-s", str(s), "--head_dim", str(d)]
+def parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows=32, timing=()):
+    """The bench's arguments for one shape; `timing`: more of its timing options, as argv."""
+    argv = [
+        *timing,
+        "--backend",
+        "cuda",
+        "-b",
+        str(b),
+        "-n",
+        str(h),
+        "-s",
+        str(s),
+        "--head_dim",
+        str(d),
+    ]
     argv += ["--providers", *providers, "--compare_to_ref", "--rounds", str(rounds)]
     argv += ["--causal"] * causal + ["--dit", "--smooth_k"] * dit
     argv += ["--q_scale_rows", str(q_scale_rows)]
@@ -87,17 +100,23 @@ def main(argv=None):
     ap.add_argument("-o", "--output", help="write every row as CSV")
     ap.add_argument("--quick", action="store_true", help="S 16384 and 32768 only, 3 rounds")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--fixed_order", action="store_true", help="the bench's --fixed_order")
+    ap.add_argument("--lead_in", type=int, help="the bench's --lead_in")
+    ap.add_argument("--window_ms", type=float, help="the bench's --window_ms")
     a = ap.parse_args(argv)
+    timing = ["--fixed_order"] * a.fixed_order
+    timing += [] if a.lead_in is None else ["--lead_in", str(a.lead_in)]
+    timing += [] if a.window_ms is None else ["--window_ms", str(a.window_ms)]
     shapes = (
         [sh for sh in SHAPES if sh[3] in (16384, 32768) and sh[1:3] == (1, 24)]
         if a.quick
         else SHAPES
     )
     rounds = 3 if a.quick else a.rounds
-    speed = rows_for(shapes, SPEED_PROVIDERS, False, rounds)
-    dit = [] if a.quick else rows_for(DIT_SHAPES, DIT_PROVIDERS, True, rounds)
+    speed = rows_for(shapes, SPEED_PROVIDERS, False, rounds, timing=timing)
+    dit = [] if a.quick else rows_for(DIT_SHAPES, DIT_PROVIDERS, True, rounds, timing=timing)
     if not a.quick:
-        dit += rows_for(DIT_Q16_SHAPES, DIT_Q16_PROVIDERS, True, rounds, q_scale_rows=16)
+        dit += rows_for(DIT_Q16_SHAPES, DIT_Q16_PROVIDERS, True, rounds, 16, timing)
 
     def vs_sage2(prov):
         r = prov.get("sage", {})

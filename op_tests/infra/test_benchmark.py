@@ -123,6 +123,72 @@ def test_sage2_providers_say_why_they_are_absent(tmp_path):
         assert [r["provider"] for r in csv.DictReader(f)] == ["sage"]
 
 
+@pytest.mark.parametrize("rotate,lead_in", [(True, 2), (False, 0)])
+def test_timing_rounds_rotate_and_lead_in_with_the_providers_own_calls(rotate, lead_in):
+    """Each round times every provider once, its `lead_in` untimed calls right before its
+    `iters` timed ones; rotated rounds start one provider later each, so over as many rounds as
+    providers each provider runs once in every position (fixed: always the listed order)."""
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import bench_gfx1201_sage_attention as bench
+
+    names, iters, warmup = ["a", "b", "c", "d"], 3, 1
+    log = []
+    calls = {n: (lambda n=n: log.append(n)) for n in names}
+    times = bench.time_interleaved(calls, "cpu", warmup, iters, len(names), rotate, lead_in)
+    assert sorted(times) == names and all(t >= 0 for t in times.values())
+    assert log[: warmup * len(names)] == names  # warm-up, in the listed order
+    runs = log[warmup * len(names) :]
+    per = lead_in + iters
+    assert len(runs) == per * len(names) ** 2
+    blocks = [runs[i : i + per] for i in range(0, len(runs), per)]
+    assert all(len(set(b)) == 1 for b in blocks), blocks  # one provider's calls back to back
+    order = [b[0] for b in blocks]
+    rounds = [order[i : i + len(names)] for i in range(0, len(order), len(names))]
+    assert all(sorted(r) == names for r in rounds)
+    if rotate:
+        for pos in range(len(names)):
+            assert sorted(r[pos] for r in rounds) == names
+        assert rounds[1] == names[1:] + names[:1]
+    else:
+        assert all(r == names for r in rounds)
+
+
+def test_timing_window_fills_lead_in_and_timed_calls_to_its_length():
+    """With a window, each provider's lead-in and its timed calls of a round are each as many
+    calls as the window holds at its fastest warm-up call (never fewer than asked): the fast
+    provider's many, the slow one's few."""
+    import time
+
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import bench_gfx1201_sage_attention as bench
+
+    log = []
+
+    def call(name, secs):
+        def fn():
+            t0 = time.perf_counter()
+            time.sleep(secs)
+            log.append((name, time.perf_counter() - t0))
+
+        return fn
+
+    calls = {"fast": call("fast", 0.001), "slow": call("slow", 0.004)}
+    window, iters, warmup, rounds = 0.012, 2, 2, 2
+    bench.time_interleaved(calls, "cpu", warmup, iters, rounds, False, 1, window)
+    warm, runs = log[: warmup * len(calls)], log[warmup * len(calls) :]
+    counts = {}
+    for name in calls:
+        fastest = min(t for n, t in warm if n == name)  # a little under the bench's own timing
+        n = len([1 for r, _ in runs if r == name]) // (2 * rounds)  # lead-in = timed calls
+        assert n >= iters and n * fastest >= 0.9 * window, (name, n, fastest)
+        assert n <= window / fastest + 1, (name, n, fastest)
+        counts[name] = n
+    assert [r for r, _ in runs] == [
+        name for _ in range(rounds) for name in calls for _ in range(2 * counts[name])
+    ]
+    assert counts["fast"] > counts["slow"]
+
+
 def test_cpu_phase_harness_is_thread_count_and_executor_invariant(tmp_path):
     """op_benchmarks/cpu/bench_cpu_phases.cpp (the cpu backend's prepare and attention timed
     through their C ABI) builds against today's headers and runs on the JIT's cpu modules. Every
