@@ -233,7 +233,7 @@ def provider_calls(
 
 
 # The GPU's lead-in and timed window per provider and round: an H200 running attention
-# back to back reaches its 700 W cap and steady clocks (1.77-1.80 GHz) within it, where 3 calls
+# back to back reaches its 700 W cap and steady clocks (1.74-1.80 GHz) within it, where 3 calls
 # after an idle gap ran at up to 1.97 GHz and ~360 W at S 16k, and each provider's clocks
 # depended on the one before it (docs/perf/2026-12-02-cuda-h200-sage2.md, "Sixth run").
 GPU_WINDOW_MS = 100.0
