@@ -61,22 +61,10 @@ def rows_for(shapes, providers, dit, rounds, q_scale_rows=32, timing=()):
 
 def parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows=32, timing=()):
     """The bench's arguments for one shape; `timing`: more of its timing options, as argv."""
-    argv = [
-        *timing,
-        "--backend",
-        "cuda",
-        "-b",
-        str(b),
-        "-n",
-        str(h),
-        "-s",
-        str(s),
-        "--head_dim",
-        str(d),
-    ]
+    argv = ["--backend", "cuda", "-b", str(b), "-n", str(h), "-s", str(s), "--head_dim", str(d)]
     argv += ["--providers", *providers, "--compare_to_ref", "--rounds", str(rounds)]
     argv += ["--causal"] * causal + ["--dit", "--smooth_k"] * dit
-    argv += ["--q_scale_rows", str(q_scale_rows)]
+    argv += ["--q_scale_rows", str(q_scale_rows), *timing]
     return bench.parse_args(argv)
 
 
