@@ -132,20 +132,23 @@ struct Traits {
   // thread copies K/V into a ring of stages, and each of kWgs consumer warpgroups keeps the QK
   // wgmma of tile j in flight with the PV of tile j-1, the softmax of j beside that PV; that
   // holds S of j, P and O of j-1 at once (~240 registers per thread), one CTA per SM.
-  // Serial (kSerial): one warpgroup per CTA, QK, softmax and PV of a tile in turn, no producer
-  // (its thread 0 copies the next K once QK retired and the next V once PV did, into a single
-  // stage), S/P and O alone live: 168 registers, so three CTAs (twelve warps computing) share
-  // an SM and fill each other's gaps. H200, Nsight Compute at B1 H24 S8192 D128: the
+  // Serial (kSerial): each warpgroup runs QK, softmax and PV of a tile in turn, no producer
+  // (the last of the CTA's warpgroups done with a stage's K copies the next K into it, likewise
+  // V), S/P and O alone live: 168 registers, so three warpgroups (twelve warps computing) share
+  // an SM and fill each other's gaps: three CTAs of one (the default) at D 128, four at D 64.
+  // With kWgs warpgroups in one CTA (a ring of kStages) they share the K/V copies
+  // (KernelTraitsOf has what that measured). H200, Nsight Compute at B1 H24 S8192 D128: the
   // overlapped kernel had 8 computing warps per SM, 0.55 eligible per scheduler and cycle and
-  // 42 % of issue slots busy; SageAttention2's kernel, built this serial way, 0.96 and 52 %
-  // on the same instruction count.
+  // 42 % of issue slots busy; SageAttention2's kernel, built this serial way, 0.96 and 52 % on
+  // the same instruction count.
   static constexpr bool kSerial = kSerial_;
-  static_assert(!kSerial || (kWgs_ == 1 && kStages_ == 1 && !kPingPong_ && !kPv16_),
-                "the serial schedule: one FP8 P.V warpgroup, one stage");
+  static_assert(!kSerial || (!kPingPong_ && !kPv16_), "the serial schedule is FP8 P.V's alone");
   static constexpr int kProducerWgs = kSerial ? 0 : 1;
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
-  // __launch_bounds__' minimum: at D = 64 (O is 32 registers) four serial CTAs fit 128 each.
-  static constexpr int kCtasPerSm = kSerial ? (kDp == 64 ? 4 : 3) : 1;
+  // __launch_bounds__' minimum: serial warpgroups per SM, three of 168 registers at D 128, four
+  // of 128 at D 64 (O is 32 registers), in CTAs of kWgs.
+  static constexpr int kCtasPerSm = kSerial ? (kDp == 64 ? 4 : 3) / kWgs : 1;
+  static_assert(!kSerial || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
@@ -182,9 +185,10 @@ struct Traits {
   // The folded exponent argument (kFoldMaxScale): the serial kernel only (no measurable change
   // on the overlapped D = 128 one; the three-warpgroup D = 64 one spilled its addends).
   static constexpr bool kFoldScoreBias = kSerial;
-  // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s].
+  // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s]; then the serial kernels'
+  // release counters (Smem::released), one 8-byte slot each for stage s's K and V.
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
-  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 3 * kStages) + 1024;  // + alignment
+  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 5 * kStages) + 1024;  // + alignment
   static_assert(kDp == 64 || kDp == 128, "");
   static_assert(kVRowBytes % kSwizzleBytes == 0, "V tile rows are whole 128-byte swizzle rows");
   // Each 128-byte-swizzled part starts on a 1024-byte swizzle atom (the stage and the Q tile
@@ -195,21 +199,36 @@ struct Traits {
   static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kCtasPerSm CTAs must fit");
 };
 
-// The kernel a call runs (sage_attention_run): FP8 P.V runs the serial schedule (64 query rows
-// per CTA, three CTAs per SM at D = 128, four at D = 64: H200, B1 H24 S16384 D64, sage_core
-// 530 -> 567 TFLOPS against the overlapped three-consumer-warpgroup kernel, SageAttention2's
-// call 555 in the same run), FP16 P.V the overlapped one; the measurement knobs (kPingPong,
-// kOverlap) select the overlapped FP8 kernels.
-template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
+// The kernel a call runs (sage_attention_run). FP8 P.V runs the serial schedule, one warpgroup
+// (64 query rows) per CTA: three CTAs per SM at D = 128, four at D = 64 (H200, B1 H24 S16384
+// D64, sage_core 530 -> 567 TFLOPS against the overlapped three-consumer-warpgroup kernel,
+// SageAttention2's call 555 in the same run). FP16 P.V runs the overlapped one. The
+// measurement knobs (AITER_SAGE_CUDA_SCHEDULE) select the others.
+enum Schedule : int {
+  kScheduleDefault,
+  kScheduleOverlap,    // the overlapped FP8 kernels
+  kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
+  kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+};
+template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
-  using type = Traits<kDp, 4, kPingPong && !kPv16, kPv16>;
+  using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
 };
 template <int kDp>
-struct KernelTraitsOf<kDp, false, false, false> {
+struct KernelTraitsOf<kDp, false, kScheduleDefault> {
   using type = Traits<kDp, 1, false, false, 1, kOHomeTiles, true>;
 };
-template <int kDp, bool kPv16, bool kPingPong, bool kOverlap>
-using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kPingPong, kOverlap>::type;
+// Three warpgroups share each K/V copy on a two-stage ring (Traits::kSerial). H100, sage_core
+// in one call beside the default: level at S 8k-32k (800 vs 807 at 16k, 825-829 both at 32k),
+// 2 % behind at S 4096 and 10 % at Flux's S 4608 (626 vs 690: one CTA per SM leaves the last
+// wave's SMs idle where three 64-row CTAs refill them one by one).
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleShared192> {
+  static constexpr int kWgs = kDp == 128 ? 3 : 1;
+  using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
+};
+template <int kDp, bool kPv16, int kSchedule>
+using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
 
 // ------------------------------------------------------------------ PTX helpers ------
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -390,6 +409,9 @@ struct Smem {
   __device__ uint32_t full_k(int s) const { return bar(1 + s); }
   __device__ uint32_t full_v(int s) const { return bar(1 + T::kStages + s); }
   __device__ uint32_t empty(int s) const { return bar(1 + 2 * T::kStages + s); }
+  __device__ int* released(int s, int kv) const {  // warpgroups done with stage s's K / V
+    return reinterpret_cast<int*>(base + T::kBarOffset + 8 * (1 + 3 * T::kStages + 2 * s + kv));
+  }
 };
 
 struct Work {
@@ -892,27 +914,44 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
   }
 }
 
+// Counts one more warpgroup done with a stage's K or V; true for the kWgs-th of each use. Acquire
+// and release order the others' finished wgmma reads before the refill this one then issues.
+template <class T>
+__device__ __forceinline__ bool last_to_release(int* counter) {
+  if constexpr (T::kWgs == 1) return true;
+  unsigned old;
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
+               : "=r"(old)
+               : "r"(smem_u32(counter))
+               : "memory");
+  return old % T::kWgs == T::kWgs - 1;
+}
+
 // The serial key loop (Traits::kSerial): per tile QK, softmax and PV in turn, nothing in
-// flight across the softmax. Thread 0 refills the CTA's one stage: the next K once this
-// tile's QK retired, the next V once its PV did (a wgmma is one operation of the whole
-// warpgroup: its retirement in one warp is the end of its shared-memory reads). O moves to its
-// home at the top of a step, before the QK, where S's registers are not live yet.
+// flight across the softmax. Stage st = j % kStages is refilled with tile j + kStages by the
+// last of the CTA's warpgroups done with it (last_to_release: no warpgroup waits for another):
+// its K once that warpgroup's QK retired, its V once its PV did (a wgmma is one operation of the
+// whole warpgroup: its retirement in one warp is the end of its shared-memory reads). The phase
+// parity of a stage's barriers is enough: no warpgroup gets kStages tiles ahead of the slowest,
+// whose release the refill waits for. O moves to its home at the top of a step, before the QK,
+// where S's registers are not live yet.
 template <class T>
 __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps& maps,
-                                                const Work& w, const Smem<T>& sm, Consumer<T>& c,
-                                                int wg_row0, int tid) {
-  const DescBase db = desc_base(sm, 0);
+                                                const Work& w, const Smem<T>& sm, Consumer<T>& c) {
+  const int wg = T::kWgs == 1 ? 0 : int(threadIdx.x) / kWgThreads;
+  const DescBase db = desc_base(sm, wg);
   int s[64];
   float alpha[2], f[64], ks[kScaleBlocksPerTile];
   mbar_wait(sm.full_q(), 0);
   for (int j = 0; j < w.n_tiles; ++j) {
-    const int phase = j & 1, key0 = j * kBlockN;
-    const bool refill = tid == 0 && j + 1 < w.n_tiles;
+    const int st = unsigned(j) % T::kStages, phase = (unsigned(j) / T::kStages) & 1;
+    const int key0 = j * kBlockN;
+    const bool next = (threadIdx.x % kWgThreads) == 0 && j + T::kStages < w.n_tiles;
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
     load_k_scales(pk, key0, ks);
-    mbar_wait(sm.full_k(0), phase);
+    mbar_wait(sm.full_k(st), phase);
     {
-      QkDesc<T> qd = qk_desc<T>(db, 0);
+      QkDesc<T> qd = qk_desc<T>(db, st);
       reg_fence(qd.a);
       reg_fence(qd.b);
       wgmma_fence();
@@ -921,13 +960,15 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(s);
-    if (refill) load_k(maps, w, sm, j + 1);
-    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f);
+    if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
+    // the warpgroup's first row from c.row0, not kept across the loop (with three warpgroups
+    // per CTA that cost a spill)
+    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);
     pack_p<T>(f, c.pa);  // first: f's registers die before O's rescale
     rescale_o(c, alpha);
-    mbar_wait(sm.full_v(0), phase);
+    mbar_wait(sm.full_v(st), phase);
     {
-      PvDesc<T> vd = pv_desc<T>(db, 0);
+      PvDesc<T> vd = pv_desc<T>(db, st);
       reg_fence(vd.b);
       reg_fence(c.pa);
       reg_fence(c.o);
@@ -937,7 +978,7 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     wgmma_commit();
     wgmma_wait<0>();
     reg_fence(c.o);
-    if (refill) load_v(maps, w, sm, j + 1);
+    if (next && last_to_release<T>(sm.released(st, 1))) load_v(maps, w, sm, j + T::kStages);
   }
 }
 
@@ -975,7 +1016,7 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
   }
 
   if constexpr (T::kSerial)
-    key_loop_serial<T>(pk, maps, w, sm, c, wg_row0, tid);
+    key_loop_serial<T>(pk, maps, w, sm, c);
   else
     key_loop_overlapped<T>(pk, w, sm, c, wg, wg_row0, lane);
   if (o_home_used) merge_o_home<T, false>(sm, c);
@@ -1057,6 +1098,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       mbar_init(sm.full_k(s), 1);
       mbar_init(sm.full_v(s), 1);
       mbar_init(sm.empty(s), T::kConsumerWarps);
+      *sm.released(s, 0) = *sm.released(s, 1) = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -1064,10 +1106,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   if constexpr (T::kSerial) {  // no producer: thread 0 issues the first copies itself
     if (tid == 0) {
       load_q(maps, w, sm);
-      load_k(maps, w, sm, 0);
-      load_v(maps, w, sm, 0);
+      for (int j = 0; j < T::kStages && j < w.n_tiles; ++j) {
+        load_k(maps, w, sm, j);
+        load_v(maps, w, sm, j);
+      }
     }
-    consume<T>(p, maps, w, sm, 0, tid);
+    consume<T>(p, maps, w, sm, T::kWgs == 1 ? 0 : wg, T::kWgs == 1 ? tid : tid % kWgThreads);
   } else if (wg == 0) {
     set_max_regs_dec<kProducerRegs>();
     if (tid == 0) produce<T>(maps, w, sm);
@@ -1210,6 +1254,17 @@ bool check_arch() {
         major, minor);
   return true;
 }
+// The one place where the head dim and the P.V mode become template arguments
+// (sage/static_switch.h), for one schedule.
+template <int kSchedule>
+int launch_schedule(const SageParams& p, cudaStream_t stream) {
+  namespace s9 = sage::sm90;
+  return SAGE_BOOL_SWITCH(p.pv_dtype == SAGE_PV_FP16, kPv16, [&] {
+    return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kDp, [&] {
+      return launch<s9::KernelTraits<kDp, kPv16, kSchedule>>(p, stream);
+    });
+  });
+}
 }  // namespace
 
 SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
@@ -1227,28 +1282,29 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped schedule instead of the serial one (Traits::kSerial has why); `pingpong` the
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
-  // 4.37-4.40 ms at D = 64). Read once per process.
+  // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
+  // per CTA sharing its K/V copies. Read once per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
-    if (!e || !*e || strcmp(e, "default") == 0) return 0;
-    return strcmp(e, "overlap") == 0 ? 1 : strcmp(e, "pingpong") == 0 ? 2 : -1;
+    if (!e || !*e || strcmp(e, "default") == 0) return int(s9::kScheduleDefault);
+    if (strcmp(e, "overlap") == 0) return int(s9::kScheduleOverlap);
+    if (strcmp(e, "pingpong") == 0) return int(s9::kSchedulePingPong);
+    return strcmp(e, "shared192") == 0 ? int(s9::kScheduleShared192) : -1;
   }();
   if (schedule < 0)
     return sage::set_error(
-        "sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes default, overlap or "
-        "pingpong",
+        "sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes default, overlap, "
+        "pingpong or shared192",
         getenv("AITER_SAGE_CUDA_SCHEDULE"));
-  const bool pingpong = schedule == 2, overlap = schedule != 0;
-  // The one place where the head dim, the P.V mode and the schedule become template arguments
-  // (sage/static_switch.h). FP16 P.V has no ping-pong variant: kPing folds into it.
-  return SAGE_BOOL_SWITCH(p.pv_dtype == SAGE_PV_FP16, kPv16, [&] {
-    return SAGE_HEAD_DIM_SWITCH(p.head_dim_pad, kDp, [&] {
-      return SAGE_BOOL_SWITCH(pingpong, kPing, [&] {
-        return SAGE_BOOL_SWITCH(overlap, kOver, [&] {
-          return launch<s9::KernelTraits<kDp, kPv16, kPing, kOver>>(p, st);
-        });
-      });
-    });
-  });
+  switch (schedule) {
+    case s9::kScheduleOverlap:
+      return launch_schedule<s9::kScheduleOverlap>(p, st);
+    case s9::kSchedulePingPong:
+      return launch_schedule<s9::kSchedulePingPong>(p, st);
+    case s9::kScheduleShared192:
+      return launch_schedule<s9::kScheduleShared192>(p, st);
+    default:
+      return launch_schedule<s9::kScheduleDefault>(p, st);
+  }
 }
 SAGE_DEFINE_CHECKED_LAUNCH(attention, kAttention)

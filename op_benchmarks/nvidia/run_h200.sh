@@ -6,7 +6,8 @@
 #                  run, then benchmarked beside ours (op_benchmarks/nvidia/side_by_side.py).
 #   STAGE="tests bench" (all: both)  also: profile (torch-profiler kernel times, Nsight Compute
 #                  metrics of ours and SageAttention2's attention kernels), variants (the
-#                  attention kernel's measurement-only knobs at S 16k / 32k, beside SA2),
+#                  attention kernel's measurement-only schedules at S 16k / 32k, beside SA2:
+#                  VARIANTS="default shared192 ..." names AITER_SAGE_CUDA_SCHEDULE's values),
 #                  export_sage2 (SageAttention2's built sm90 modules to $OUT, for SAGE2_SRC
 #                  of a later call).
 set -o pipefail
@@ -34,7 +35,7 @@ wait_sage2() {
   wait "$SAGE2_PID" && echo "# SageAttention2 built from $SAGE2_SRC" || tail -20 "$OUT/sage2_build.log"
   SAGE2_PID=
 }
-python3 op_tests/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log" || exit 1
+timeout 300 python3 op_tests/cuda_smoke.py 2>&1 | tee "$OUT/smoke.log" || exit 1
 if stage tests; then
   timeout 400 python3 -m pytest -q -k "cuda" op_tests/ops/test_gfx1201_sage_prepare.py \
     op_tests/ops/test_gfx1201_sage_attention.py op_tests/ops/test_contract_v2.py \
@@ -61,7 +62,8 @@ if stage profile; then
 fi
 if stage variants; then
   wait_sage2
-  for knob in AITER_SAGE_CUDA_SCHEDULE=default AITER_SAGE_CUDA_SCHEDULE=overlap; do
+  for schedule in ${VARIANTS:-default shared192 default shared192}; do
+    knob=AITER_SAGE_CUDA_SCHEDULE=$schedule
     echo "## $knob"
     env "$knob" python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda -s 16384 32768 \
       --providers sage_core sage2_nosmooth --compare_to_ref --rounds 3 2>&1 | grep "^|" | tee -a "$OUT/variants.log"

@@ -29,7 +29,7 @@ from aiter_sage import jit_driver, ref
 from aiter_sage.builder import paths, toolchains
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import REPO, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
+from common import REPO, child_json, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
 
 
 def _nvcc_or_fail() -> str:
@@ -72,33 +72,34 @@ def _frames(log: str) -> dict[str, tuple[int, int, int]]:
     return {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
 
 
-def _kernels(ptx: str) -> dict[tuple[int, bool, bool], str]:
-    """(head dim, FP16 P.V, serial schedule) -> the PTX of the non-ping-pong attention kernel of
-    that variant, from the mangled names of attention_kernel<Traits<kDp, kStages, kPingPong,
-    kPv16, kWgs, kOHomeTiles, kSerial>>."""
+def _kernels(ptx: str) -> dict[tuple[int, bool, bool, int], str]:
+    """(head dim, FP16 P.V, serial schedule, consumer warpgroups) -> the PTX of the non-ping-pong
+    attention kernel of that variant, from the mangled names of attention_kernel<Traits<kDp,
+    kStages, kPingPong, kPv16, kWgs, kOHomeTiles, kSerial>>."""
     found = {}
     for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
         m = re.match(
-            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi\d+ELi\d+ELb([01])E",
+            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi(\d+)ELi\d+ELb([01])E",
             part,
         )
         assert m, part[:200]
         if m.group(2) == "0":
-            found[(int(m.group(1)), m.group(3) == "1", m.group(4) == "1")] = part
+            key = (int(m.group(1)), m.group(3) == "1", m.group(5) == "1", int(m.group(4)))
+            found[key] = part
     return found
 
 
 def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
     kernels = _kernels(ptx)
-    # the default FP8 kernels are the serial ones; the overlapped ones stay for the
-    # AITER_SAGE_CUDA_SCHEDULE knob
+    # the default FP8 kernels are the serial ones (one warpgroup per CTA); the overlapped ones
+    # and D 128's three-warpgroup serial kernel stay for the AITER_SAGE_CUDA_SCHEDULE knob
     assert set(kernels) == {
-        (64, False, True), (64, False, False), (128, False, True), (128, False, False),
-        (64, True, False), (128, True, False),
+        (64, False, True, 1), (64, False, False, 3), (128, False, True, 3), (128, False, True, 1),
+        (128, False, False, 2), (64, True, False, 2), (128, True, False, 2),
     }  # fmt: skip
     wgmma = r"wgmma\.mma_async\.sync\.aligned\."
-    for (d, fp16_pv, serial), body in kernels.items():
+    for (d, fp16_pv, serial, wgs), body in kernels.items():
         assert re.search(wgmma + r"m64n128k32\.s32\.s8\.s8", body), d  # Q.K^T
         pv = rf"m64n{d}k16\.f32\.f16\.f16" if fp16_pv else rf"m64n{d}k32\.f32\.e4m3\.e4m3"
         other = rf"m64n{d}k32\.f32\.e4m3" if fp16_pv else rf"m64n{d}k16\.f32\.f16"
@@ -110,10 +111,13 @@ def test_attention_ptx_uses_wgmma(attention_build):
         assert "cp.async.bulk.tensor.3d" in body and "expect_tx" in body, (d, fp16_pv)
         assert "cp.async.cg" not in body, (d, fp16_pv)
         # the overlapped kernels' producer warpgroup hands its registers to the consumers; the
-        # serial ones have no producer and size for three CTAs per SM at D 128, four at D 64
+        # serial ones have no producer and size for three warpgroups per SM at D 128 (three
+        # CTAs of 64 rows, or one of 192 sharing its K/V copies), four CTAs of one at D 64
         assert ("setmaxnreg" in body) != serial, (d, fp16_pv, serial)
         if serial:
-            assert re.search(rf"\.minnctapersm {3 if d == 128 else 4}\b", body), d
+            warpgroups_per_sm = 3 if d == 128 else 4
+            assert re.search(rf"\.minnctapersm {warpgroups_per_sm // wgs}\b", body), (d, wgs)
+            assert re.search(rf"\.maxntid {128 * wgs}, 1, 1", body), (d, wgs)
 
 
 def test_attention_has_no_spills(attention_build):
@@ -295,6 +299,53 @@ def test_long_key_loop_keeps_the_formats_exact_result():
     exact = exact_from_prepared(p, s)
     drift = ((out - exact).norm() / exact.norm()).item()
     assert drift < 0.0028, drift
+
+
+SCHEDULE_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    sys.path.insert(0, {repo!r})
+    import aiter_sage
+    g = torch.Generator().manual_seed(7)
+    outs = []
+    # 2200 rows: the last 192-row CTA has 88 (one warpgroup full, one partly, one past q_len);
+    # 18 key tiles, so O moves to its home
+    for d, causal, s in ((128, False, 2200), (128, True, 2200), (64, False, 700)):
+        q, k, v = (
+            torch.randn(2, s, 3, d, generator=g).to(torch.bfloat16).cuda() for _ in range(3)
+        )
+        outs.append(aiter_sage.gfx1201_sage_attention(q, k, v, backend="cuda", is_causal=causal))
+    torch.save([o.cpu() for o in outs], sys.argv[1])
+    print("{{}}")
+    """
+)
+
+
+def _schedule_outputs(schedule: str, tmp_path) -> list[torch.Tensor]:
+    path = tmp_path / f"{schedule}.pt"
+    env = {**os.environ, "AITER_SAGE_CUDA_SCHEDULE": schedule}
+    child_json(SCHEDULE_CHILD.format(repo=str(REPO)), str(path), env=env)
+    return torch.load(path)
+
+
+@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong"])
+def test_measurement_schedules_compute_the_default_result(schedule, tmp_path):
+    """AITER_SAGE_CUDA_SCHEDULE's kernels against the default ones on the same inputs. The
+    192-row serial kernel does the default kernel's arithmetic per row (its three warpgroups
+    share only the K/V copies): the same bits without causal; under causal the warpgroups of a
+    CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O moves to its home
+    at steps where the 64-row CTA had ended. The overlapped kernels form
+    the exponent's argument in two steps (no folded bias)."""
+    _need_sm90()
+    default = _schedule_outputs("default", tmp_path)
+    other = _schedule_outputs(schedule, tmp_path)
+    for i, (a, b) in enumerate(zip(default, other)):
+        assert torch.isfinite(b).all(), (schedule, i)
+        if schedule == "shared192" and i != 1:
+            torch.testing.assert_close(b, a, rtol=0, atol=0)
+        else:
+            rel = ((b.float() - a.float()).norm() / a.float().norm()).item()
+            assert rel < 0.01, (schedule, i, rel)
 
 
 SANITIZED = textwrap.dedent(
