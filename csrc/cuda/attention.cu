@@ -78,6 +78,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/static_switch.h"
@@ -122,7 +124,8 @@ constexpr int kOHomeTiles = 16;
 
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
           int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>(),
-          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false>
+          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false,
+          bool kTurns_ = false>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
@@ -142,6 +145,11 @@ struct Traits {
   // 42 % of issue slots busy; SageAttention2's kernel, built this serial way, 0.96 and 52 % on
   // the same instruction count.
   static constexpr bool kSerial = kSerial_;
+  // Serial warpgroups of one CTA take turns issuing their wgmmas, round robin (named barriers
+  // 1 + wg): a warpgroup's QK (or PV) issue waits for the previous warpgroup's, so their
+  // softmaxes stagger instead of colliding while the tensor cores idle.
+  static constexpr bool kTurns = kTurns_;
+  static_assert(!kTurns_ || (kSerial_ && kWgs_ > 1), "");
   static_assert(!kSerial || (!kPingPong_ && !kPv16_), "the serial schedule is FP8 P.V's alone");
   static constexpr int kProducerWgs = kSerial ? 0 : 1;
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
@@ -209,6 +217,7 @@ enum Schedule : int {
   kScheduleOverlap,    // the overlapped FP8 kernels
   kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
   kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+  kScheduleTurns,      // D = 128: shared192, its warpgroups taking turns at the wgmmas
 };
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
@@ -226,6 +235,17 @@ template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleShared192> {
   static constexpr int kWgs = kDp == 128 ? 3 : 1;
   using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
+};
+// shared192 with its warpgroups taking turns at the wgmmas (Traits::kTurns; D = 128 only: four
+// 64-row warpgroups in one CTA at D = 64 spilled 96 bytes at 128 registers). Built to test
+// whether a fixed order of the three warpgroups' GEMMs beats the chance interleaving of three
+// independent CTAs (Nsight Compute, H200, the serial D = 128 kernel: tensor pipe 43.5 % and
+// MUFU 45.1 % busy, adding up to 89 %: little of the one beside the other); not measured yet.
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleTurns> {
+  using type =
+      std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 3, kOHomeTiles, true, true>,
+                         typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
 };
 template <int kDp, bool kPv16, int kSchedule>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
@@ -942,6 +962,19 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
   const DescBase db = desc_base(sm, wg);
   int s[64];
   float alpha[2], f[64], ks[kScaleBlocksPerTile];
+  // Traits::kTurns: 2 n_tiles turns per warpgroup (QK, PV). Warpgroup wg waits on barrier 1 + wg
+  // and hands over on the next one's; the last warpgroup hands warpgroup 0 its first turn and
+  // skips its own last hand-over, so each barrier sees as many arrivals as syncs. One turn
+  // circulates, so a barrier never has two hand-overs pending.
+  const auto my_turn = [&] {
+    if constexpr (T::kTurns) named_sync(1 + wg);
+  };
+  const auto pass = [&](bool last) {
+    if constexpr (T::kTurns) {
+      if (!(last && wg == T::kWgs - 1)) named_arrive(1 + (wg + 1) % T::kWgs);
+    }
+  };
+  if (T::kTurns && wg == T::kWgs - 1) named_arrive(1);
   mbar_wait(sm.full_q(), 0);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int st = unsigned(j) % T::kStages, phase = (unsigned(j) / T::kStages) & 1;
@@ -954,10 +987,12 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
       QkDesc<T> qd = qk_desc<T>(db, st);
       reg_fence(qd.a);
       reg_fence(qd.b);
+      my_turn();
       wgmma_fence();
       issue_qk<T>(qd, s);
     }
     wgmma_commit();
+    pass(false);
     wgmma_wait<0>();
     reg_fence(s);
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
@@ -972,10 +1007,12 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
       reg_fence(vd.b);
       reg_fence(c.pa);
       reg_fence(c.o);
+      my_turn();
       wgmma_fence();
       issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(j));
     }
     wgmma_commit();
+    pass(j + 1 == w.n_tiles);
     wgmma_wait<0>();
     reg_fence(c.o);
     if (next && last_to_release<T>(sm.released(st, 1))) load_v(maps, w, sm, j + T::kStages);
@@ -1283,18 +1320,20 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
   // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
-  // per CTA sharing its K/V copies. Read once per process.
+  // per CTA sharing its K/V copies; `turns` the same with the warpgroups taking turns at the
+  // wgmmas (Traits::kTurns). Read once per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
     if (!e || !*e || strcmp(e, "default") == 0) return int(s9::kScheduleDefault);
     if (strcmp(e, "overlap") == 0) return int(s9::kScheduleOverlap);
     if (strcmp(e, "pingpong") == 0) return int(s9::kSchedulePingPong);
-    return strcmp(e, "shared192") == 0 ? int(s9::kScheduleShared192) : -1;
+    if (strcmp(e, "shared192") == 0) return int(s9::kScheduleShared192);
+    return strcmp(e, "turns") == 0 ? int(s9::kScheduleTurns) : -1;
   }();
   if (schedule < 0)
     return sage::set_error(
         "sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes default, overlap, "
-        "pingpong or shared192",
+        "pingpong, shared192 or turns",
         getenv("AITER_SAGE_CUDA_SCHEDULE"));
   switch (schedule) {
     case s9::kScheduleOverlap:
@@ -1303,6 +1342,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kSchedulePingPong>(p, st);
     case s9::kScheduleShared192:
       return launch_schedule<s9::kScheduleShared192>(p, st);
+    case s9::kScheduleTurns:
+      return launch_schedule<s9::kScheduleTurns>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }

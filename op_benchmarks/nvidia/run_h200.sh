@@ -6,8 +6,8 @@
 #                  run, then benchmarked beside ours (op_benchmarks/nvidia/side_by_side.py).
 #   STAGE="tests bench" (all: both)  also: profile (torch-profiler kernel times, Nsight Compute
 #                  metrics of ours and SageAttention2's attention kernels), variants (the
-#                  attention kernel's measurement-only schedules at S 16k / 32k, beside SA2:
-#                  VARIANTS="default shared192 ..." names AITER_SAGE_CUDA_SCHEDULE's values),
+#                  attention kernel's measurement-only schedules at S 4608 / 16k / 32k, beside SA2:
+#                  VARIANTS="default turns ..." names AITER_SAGE_CUDA_SCHEDULE's values),
 #                  export_sage2 (SageAttention2's built sm90 modules to $OUT, for SAGE2_SRC
 #                  of a later call).
 set -o pipefail
@@ -62,11 +62,11 @@ if stage profile; then
 fi
 if stage variants; then
   wait_sage2
-  for schedule in ${VARIANTS:-default shared192 default shared192}; do
+  for schedule in ${VARIANTS:-default turns default turns}; do
     knob=AITER_SAGE_CUDA_SCHEDULE=$schedule
     echo "## $knob"
-    env "$knob" python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda -s 16384 32768 \
-      --providers sage_core sage2_nosmooth --compare_to_ref --rounds 3 2>&1 | grep "^|" | tee -a "$OUT/variants.log"
+    env "$knob" python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda \
+      -s 4608 16384 32768 --providers sage_core sage2_nosmooth --compare_to_ref --rounds 3 2>&1 | grep "^|" | tee -a "$OUT/variants.log"
   done
 fi
 if stage bench; then

@@ -336,22 +336,27 @@ def default_schedule_outputs(tmp_path_factory):
     return _schedule_outputs("default", tmp_path_factory.mktemp("schedules"))
 
 
-@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong"])
+# The serial kernels whose CTA runs three warpgroups: the default's arithmetic per row.
+SHARED_CTA_SCHEDULES = ("shared192", "turns")
+
+
+@pytest.mark.parametrize("schedule", [*SHARED_CTA_SCHEDULES, "overlap", "pingpong"])
 def test_measurement_schedules_compute_the_default_result(
     schedule, default_schedule_outputs, tmp_path
 ):
     """AITER_SAGE_CUDA_SCHEDULE's kernels against the default ones on the same inputs. The
-    192-row serial kernel does the default kernel's arithmetic per row (its three warpgroups
-    share only the K/V copies): the same bits without causal; under causal the warpgroups of a
-    CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O moves to its home
-    at steps where the 64-row CTA had ended. The overlapped kernels form the exponent's
-    argument in two steps (no folded bias)."""
+    192-row serial kernels (shared192, and turns: the same taking turns at the wgmmas) do the
+    default kernel's arithmetic per row (their three warpgroups share only the K/V copies and,
+    with turns, the order of their wgmma issues): the same bits without causal; under causal
+    the warpgroups of a CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O
+    moves to its home at steps where the 64-row CTA had ended. The overlapped kernels form the
+    exponent's argument in two steps (no folded bias)."""
     _need_sm90()
     other = _schedule_outputs(schedule, tmp_path)
     for case, a, b in zip(SCHEDULE_CASES, default_schedule_outputs, other, strict=True):
         causal = case[1]
         assert torch.isfinite(b).all(), (schedule, case)
-        if schedule == "shared192" and not causal:
+        if schedule in SHARED_CTA_SCHEDULES and not causal:
             torch.testing.assert_close(b, a, rtol=0, atol=0)
         else:
             rel = ((b.float() - a.float()).norm() / a.float().norm()).item()
