@@ -75,10 +75,9 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <type_traits>
 
 #include "sage/check.h"
 #include "sage/layout.h"
@@ -218,7 +217,11 @@ enum Schedule : int {
   kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
   kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
   kScheduleTurns,      // D = 128: shared192, its warpgroups taking turns at the wgmmas
+  kSchedules
 };
+// AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
+constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
+                                                    "turns"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -230,23 +233,23 @@ struct KernelTraitsOf<kDp, false, kScheduleDefault> {
 // Three warpgroups share each K/V copy on a two-stage ring (Traits::kSerial). H100, sage_core
 // in one call beside the default: level at S 8k-32k (800 vs 807 at 16k, 825-829 both at 32k),
 // 2 % behind at S 4096 and 10 % at Flux's S 4608 (626 vs 690: one CTA per SM leaves the last
-// wave's SMs idle where three 64-row CTAs refill them one by one).
-template <int kDp>
-struct KernelTraitsOf<kDp, false, kScheduleShared192> {
+// wave's SMs idle where three 64-row CTAs refill them one by one). shared192 and turns (below)
+// alike; D = 64 keeps one warpgroup per CTA (the default kernel) under both.
+template <int kDp, bool kTurns>
+struct SharedCtaTraits {
   static constexpr int kWgs = kDp == 128 ? 3 : 1;
-  using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
+  using type =
+      Traits<kDp, (kWgs == 1 ? 1 : 2), false, false, kWgs, kOHomeTiles, true, (kTurns && kWgs > 1)>;
 };
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleShared192> : SharedCtaTraits<kDp, false> {};
 // shared192 with its warpgroups taking turns at the wgmmas (Traits::kTurns; D = 128 only: four
 // 64-row warpgroups in one CTA at D = 64 spilled 96 bytes at 128 registers). Built to test
 // whether a fixed order of the three warpgroups' GEMMs beats the chance interleaving of three
 // independent CTAs (Nsight Compute, H200, the serial D = 128 kernel: tensor pipe 43.5 % and
 // MUFU 45.1 % busy, adding up to 89 %: little of the one beside the other); not measured yet.
 template <int kDp>
-struct KernelTraitsOf<kDp, false, kScheduleTurns> {
-  using type =
-      std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 3, kOHomeTiles, true, true>,
-                         typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
-};
+struct KernelTraitsOf<kDp, false, kScheduleTurns> : SharedCtaTraits<kDp, true> {};
 template <int kDp, bool kPv16, int kSchedule>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
 
@@ -1324,17 +1327,19 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // wgmmas (Traits::kTurns). Read once per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
-    if (!e || !*e || strcmp(e, "default") == 0) return int(s9::kScheduleDefault);
-    if (strcmp(e, "overlap") == 0) return int(s9::kScheduleOverlap);
-    if (strcmp(e, "pingpong") == 0) return int(s9::kSchedulePingPong);
-    if (strcmp(e, "shared192") == 0) return int(s9::kScheduleShared192);
-    return strcmp(e, "turns") == 0 ? int(s9::kScheduleTurns) : -1;
+    if (!e || !*e) return int(s9::kScheduleDefault);
+    for (int i = 0; i < s9::kSchedules; ++i)
+      if (strcmp(e, s9::kScheduleNames[i]) == 0) return i;
+    return -1;
   }();
-  if (schedule < 0)
-    return sage::set_error(
-        "sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes default, overlap, "
-        "pingpong, shared192 or turns",
-        getenv("AITER_SAGE_CUDA_SCHEDULE"));
+  if (schedule < 0) {
+    char names[128] = "";
+    for (int i = 0; i < s9::kSchedules; ++i)
+      snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "",
+               s9::kScheduleNames[i]);
+    return sage::set_error("sage_attention_launch: AITER_SAGE_CUDA_SCHEDULE is %s; it takes %s",
+                           getenv("AITER_SAGE_CUDA_SCHEDULE"), names);
+  }
   switch (schedule) {
     case s9::kScheduleOverlap:
       return launch_schedule<s9::kScheduleOverlap>(p, st);
