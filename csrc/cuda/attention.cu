@@ -123,8 +123,7 @@ constexpr int kOHomeTiles = 16;
 
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
           int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>(),
-          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false,
-          bool kTurns_ = false>
+          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
@@ -144,11 +143,6 @@ struct Traits {
   // 42 % of issue slots busy; SageAttention2's kernel, built this serial way, 0.96 and 52 % on
   // the same instruction count.
   static constexpr bool kSerial = kSerial_;
-  // Serial warpgroups of one CTA take turns issuing their wgmmas, round robin (named barriers
-  // 1 + wg): a warpgroup's QK (or PV) issue waits for the previous warpgroup's, so their
-  // softmaxes stagger instead of colliding while the tensor cores idle.
-  static constexpr bool kTurns = kTurns_;
-  static_assert(!kTurns_ || (kSerial_ && kWgs_ > 1), "");
   static_assert(!kSerial || (!kPingPong_ && !kPv16_), "the serial schedule is FP8 P.V's alone");
   static constexpr int kProducerWgs = kSerial ? 0 : 1;
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
@@ -216,12 +210,10 @@ enum Schedule : int {
   kScheduleOverlap,    // the overlapped FP8 kernels
   kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
   kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
-  kScheduleTurns,      // D = 128: shared192, its warpgroups taking turns at the wgmmas
   kSchedules
 };
 // AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
-constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
-                                                    "turns"};
+constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -233,23 +225,15 @@ struct KernelTraitsOf<kDp, false, kScheduleDefault> {
 // Three warpgroups share each K/V copy on a two-stage ring (Traits::kSerial). H100, sage_core
 // in one call beside the default: level at S 8k-32k (800 vs 807 at 16k, 825-829 both at 32k),
 // 2 % behind at S 4096 and 10 % at Flux's S 4608 (626 vs 690: one CTA per SM leaves the last
-// wave's SMs idle where three 64-row CTAs refill them one by one). shared192 and turns (below)
-// alike; D = 64 keeps one warpgroup per CTA (the default kernel) under both.
-template <int kDp, bool kTurns>
-struct SharedCtaTraits {
+// wave's SMs idle where three 64-row CTAs refill them one by one). D = 64 keeps one warpgroup
+// per CTA (the default kernel). With its warpgroups taking turns at the wgmma issues (round
+// robin on named barriers, to stagger their softmaxes) it measured 10 % slower (740 vs 819 at
+// S 16k, H100), and that schedule was removed.
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleShared192> {
   static constexpr int kWgs = kDp == 128 ? 3 : 1;
-  using type =
-      Traits<kDp, (kWgs == 1 ? 1 : 2), false, false, kWgs, kOHomeTiles, true, (kTurns && kWgs > 1)>;
+  using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
 };
-template <int kDp>
-struct KernelTraitsOf<kDp, false, kScheduleShared192> : SharedCtaTraits<kDp, false> {};
-// shared192 with its warpgroups taking turns at the wgmmas (Traits::kTurns; D = 128 only: four
-// 64-row warpgroups in one CTA at D = 64 spilled 96 bytes at 128 registers). Built to test
-// whether a fixed order of the three warpgroups' GEMMs beats the chance interleaving of three
-// independent CTAs (Nsight Compute, H200, the serial D = 128 kernel: tensor pipe 43.5 % and
-// MUFU 45.1 % busy, adding up to 89 %: little of the one beside the other); not measured yet.
-template <int kDp>
-struct KernelTraitsOf<kDp, false, kScheduleTurns> : SharedCtaTraits<kDp, true> {};
 template <int kDp, bool kPv16, int kSchedule>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
 
@@ -965,19 +949,6 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
   const DescBase db = desc_base(sm, wg);
   int s[64];
   float alpha[2], f[64], ks[kScaleBlocksPerTile];
-  // Traits::kTurns: 2 n_tiles turns per warpgroup (QK, PV). Warpgroup wg waits on barrier 1 + wg
-  // and hands over on the next one's; the last warpgroup hands warpgroup 0 its first turn and
-  // skips its own last hand-over, so each barrier sees as many arrivals as syncs. One turn
-  // circulates, so a barrier never has two hand-overs pending.
-  const auto my_turn = [&] {
-    if constexpr (T::kTurns) named_sync(1 + wg);
-  };
-  const auto pass = [&](bool last) {
-    if constexpr (T::kTurns) {
-      if (!(last && wg == T::kWgs - 1)) named_arrive(1 + (wg + 1) % T::kWgs);
-    }
-  };
-  if (T::kTurns && wg == T::kWgs - 1) named_arrive(1);
   mbar_wait(sm.full_q(), 0);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int st = unsigned(j) % T::kStages, phase = (unsigned(j) / T::kStages) & 1;
@@ -990,12 +961,10 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
       QkDesc<T> qd = qk_desc<T>(db, st);
       reg_fence(qd.a);
       reg_fence(qd.b);
-      my_turn();
       wgmma_fence();
       issue_qk<T>(qd, s);
     }
     wgmma_commit();
-    pass(false);
     wgmma_wait<0>();
     reg_fence(s);
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
@@ -1010,12 +979,10 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
       reg_fence(vd.b);
       reg_fence(c.pa);
       reg_fence(c.o);
-      my_turn();
       wgmma_fence();
       issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(j));
     }
     wgmma_commit();
-    pass(j + 1 == w.n_tiles);
     wgmma_wait<0>();
     reg_fence(c.o);
     if (next && last_to_release<T>(sm.released(st, 1))) load_v(maps, w, sm, j + T::kStages);
@@ -1323,8 +1290,7 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
   // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
-  // per CTA sharing its K/V copies; `turns` the same with the warpgroups taking turns at the
-  // wgmmas (Traits::kTurns). Read once per process.
+  // per CTA sharing its K/V copies. Read once per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
     if (!e || !*e) return int(s9::kScheduleDefault);
@@ -1347,8 +1313,6 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kSchedulePingPong>(p, st);
     case s9::kScheduleShared192:
       return launch_schedule<s9::kScheduleShared192>(p, st);
-    case s9::kScheduleTurns:
-      return launch_schedule<s9::kScheduleTurns>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }

@@ -7,7 +7,7 @@
 #   STAGE="tests bench" (all: both)  also: profile (torch-profiler kernel times, Nsight Compute
 #                  metrics of ours and SageAttention2's attention kernels), variants (the
 #                  attention kernel's measurement-only schedules at S 4608 / 16k / 32k, beside SA2:
-#                  VARIANTS="default turns ..." names AITER_SAGE_CUDA_SCHEDULE's values),
+#                  VARIANTS="default shared192 ..." names AITER_SAGE_CUDA_SCHEDULE's values),
 #                  export_sage2 (SageAttention2's built sm90 modules to $OUT, for SAGE2_SRC
 #                  of a later call).
 set -o pipefail
@@ -24,6 +24,7 @@ if [[ -n $SAGE2_SRC && -f $SAGE2_SRC/setup.py ]]; then
   # them under $OUT) are used as they are: the sm90 call needs _qattn_sm90 and _fused only.
   if ! ls "$SAGE2_SRC"/sageattention/_qattn_sm90*.so "$SAGE2_SRC"/sageattention/_fused*.so \
     >/dev/null 2>&1; then
+    [[ -f $SAGE2_SRC/README.md ]] || : >"$SAGE2_SRC/README.md"  # its setup.py reads it
     (cd "$SAGE2_SRC" && TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=12 EXT_PARALLEL=4 \
       python3 setup.py build_ext --inplace >"$OUT/sage2_build.log" 2>&1) &
     SAGE2_PID=$!
@@ -62,7 +63,7 @@ if stage profile; then
 fi
 if stage variants; then
   wait_sage2
-  for schedule in ${VARIANTS:-default turns default turns}; do
+  for schedule in ${VARIANTS:-default shared192 default shared192}; do
     knob=AITER_SAGE_CUDA_SCHEDULE=$schedule
     echo "## $knob"
     env "$knob" python3 op_benchmarks/bench_gfx1201_sage_attention.py --backend cuda \

@@ -337,7 +337,7 @@ def default_schedule_outputs(tmp_path_factory):
 
 
 # The serial kernels whose CTA runs three warpgroups: the default's arithmetic per row.
-SHARED_CTA_SCHEDULES = ("shared192", "turns")
+SHARED_CTA_SCHEDULES = ("shared192",)
 
 
 @pytest.mark.parametrize("schedule", [*SHARED_CTA_SCHEDULES, "overlap", "pingpong"])
@@ -345,9 +345,8 @@ def test_measurement_schedules_compute_the_default_result(
     schedule, default_schedule_outputs, tmp_path
 ):
     """AITER_SAGE_CUDA_SCHEDULE's kernels against the default ones on the same inputs. The
-    192-row serial kernels (shared192, and turns: the same taking turns at the wgmmas) do the
-    default kernel's arithmetic per row (their three warpgroups share only the K/V copies and,
-    with turns, the order of their wgmma issues): the same bits without causal; under causal
+    192-row serial kernel (shared192) does the default kernel's arithmetic per row (its three
+    warpgroups share only the K/V copies): the same bits without causal; under causal
     the warpgroups of a CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O
     moves to its home at steps where the 64-row CTA had ended. The overlapped kernels form the
     exponent's argument in two steps (no folded bias)."""
