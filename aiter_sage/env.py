@@ -66,9 +66,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_CUDA_SCHEDULE",
         "`default`",
         "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
-        "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns) "
-        "or `shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V "
-        "copies)",
+        "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns) or "
+        "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules
