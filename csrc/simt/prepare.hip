@@ -4,19 +4,19 @@
 // Three kernels per (Dp, input dtype), launched in this order on the stream:
 //   1. v_scale  one workgroup per (kv head, batch, key range): the per-channel |V| maximum
 //               of SAGE_V_AMAX_SPLITS key ranges -> v_amax_part (scratch), folded by kernel 3;
-//               with smooth_k, range 0's workgroup also takes the per-channel K mean over the
-//               whole sequence -> k_mean in the pinned order (32 row groups = the 32 partial
-//               sums). (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its 132
-//               SMs at B1 H24.)
+//               with smooth_k, one more workgroup per (kv head, batch) takes the per-channel K
+//               mean over the whole sequence -> k_mean in the pinned order (32 row groups =
+//               the 32 partial sums), beside the V ranges. (One workgroup per head streamed V
+//               at ~1 TB/s on an H200: 24 of its 132 SMs at B1 H24.)
 //   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
 //               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale (Q with
 //               q_scale_rows 16: an amax, scale and codes per 16-row half). Rows past
 //               the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
-//               Two builds: qk with the fused steps (and q_scale_rows 16), and qk_plain without
-//               them for calls that ask for none (upstream's default), which then carry none of
-//               their registers.
+//               Three builds (QkBuild): qk with every fused step, qk_smooth with smoothing and
+//               q_scale_rows 16 but no norm / RoPE (the DiT call with smooth_k), and qk_plain
+//               with none (upstream's default); each carries none of the others' registers.
 //   3. v_quant  one workgroup per (128-key tile, kv head, batch): folds the head's partial
 //               maxima into v_scale (tile 0 writes it out), then V / v_scale -> e4m3,
 //               transposed through LDS to [B, Hkv, Dp, S_pad]; padded keys are +0, and the last
@@ -65,6 +65,8 @@ struct PrepTraits {
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
   // spills; same bits).
   static constexpr int kQkFusedNvBlocks = 6;
+  // The smooth build (K mean, lse_corr, 16-row Q scales; no norm weights): TODO measured.
+  static constexpr int kQkSmoothNvBlocks = 7;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
   // thread = 64 (32) KiB per workgroup, each streaming one of SAGE_V_AMAX_SPLITS key ranges
@@ -74,6 +76,10 @@ struct PrepTraits {
   static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
   static constexpr int kVsRowsPerStep = kVsGroups;
   static constexpr int kVsUnroll = 8;
+  // K mean (smooth_k): rows of loads in flight per thread group (platform.h: 6 on NVIDIA, 2
+  // elsewhere). Its rows carry a RoPE partner chunk and the norm: on gfx1201 4 cost the smooth
+  // build's V workgroups 2 waves per SIMD (12 -> 10 at BF16, 9 -> 7 at FP16), 2 none at BF16.
+  static constexpr int kKmUnroll = SAGE_K_MEAN_ROWS_IN_FLIGHT;
   // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
   static constexpr int kVqThreads = 256;
   // NVIDIA only: resident v_quant blocks per SM, a register cap: 4 (64 registers; the raw
@@ -170,9 +176,9 @@ struct RowFn {
   float w[kPrepChunk], wp[kPrepChunk];  // norm weights of chunks c and pc
 };
 
-// kFused false: the plain path (no norm, no RoPE): f.norm and f.rope_lane are constant false,
-// so fetch_row and finish_row fold their fused branches away.
-template <class T, bool kFused = true>
+// kNormRope false (qk's plain and smooth builds): f.norm and f.rope_lane are constant false, so
+// fetch_row and finish_row fold their norm / RoPE branches away.
+template <class T, bool kNormRope = true>
 SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t stride_b,
                               int64_t stride_s, int64_t stride_h, int b, int h,
                               const void* norm_weight, int tid) {
@@ -181,8 +187,9 @@ SAGE_DEVICE RowFn make_row_fn(const SageParams& p, const void* base, int64_t str
   f.stride_s = stride_s;
   f.c = prep_chunk(tid, T::kLanesPerRow);
   f.in_d = T::kChunk * f.c < p.head_dim;
-  f.norm = kFused && norm_weight != nullptr;
-  f.rope_lane = kFused && p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
+  f.norm = kNormRope && norm_weight != nullptr;
+  f.rope_lane =
+      kNormRope && p.rope_cos != nullptr && T::kChunk * f.c < p.rope_dim;  // rope_dim <= D
   f.pc = f.rope_lane ? rope_partner_chunk(f.c, p.rope_dim) : f.c;
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) f.w[i] = f.wp[i] = 0.0f;
@@ -256,25 +263,85 @@ SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_se
 }
 
 // ============================================================================ kernel 1 =====
-// One workgroup per (batch, key/value head): the per-channel amax of V -> v_scale, and with
-// smooth_k the per-channel mean of K (after norm/RoPE) -> k_mean. Thread group g = tid / (Dp/8)
-// (32 groups) streams rows g, g + 32, g + 64, ... in turn, so its running K sum per channel
-// is exactly partial g of quant.h's pinned order; the partials meet in LDS and one thread per
-// channel adds them in turn (k_mean_from_partials).
-template <class T>
+// With smooth_k: the per-channel mean of K (after norm/RoPE) of one (batch, key/value head) ->
+// k_mean, in a workgroup of its own (v_scale_split), so that the head's stream of K runs beside
+// the V maximum workgroups instead of after one of them. Thread group g = tid / (Dp/8) (32
+// groups) adds rows g, g + 32, g + 64, ... in turn, so its running sum per channel is exactly
+// partial g of quant.h's pinned order; the partials meet in LDS and one thread per channel adds
+// them in turn (k_mean_from_partials). The loads of kKmUnroll rows per group are issued before
+// the first is added (the additions stay in row order): one row in flight per thread streamed
+// a head's K at a fraction of the V amax loop's rate. The loop bound is uniform, so every lane
+// of a row takes part in the norm's shuffles; rows past kv_len add nothing.
+template <class T, class L>
+SAGE_DEVICE void k_mean_body(const SageParams& p, L* part, int tid, int c, int grp, int b, int hd,
+                             int64_t head, int kv_len) {
+  const RowFn f =
+      make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd, p.k_norm_weight, tid);
+  float sum[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) sum[i] = 0.0f;
+  constexpr int kRowsPerPass = T::kVsRowsPerStep * T::kKmUnroll;
+  for (int s0 = 0; s0 < kv_len; s0 += kRowsPerPass) {
+    RawRow raw[T::kKmUnroll];
+#pragma unroll
+    for (int u = 0; u < T::kKmUnroll; ++u) {  // issue all loads first
+      const int s = s0 + u * T::kVsRowsPerStep + grp;
+      raw[u] = fetch_row<T>(f, s, s < kv_len);
+    }
+#pragma unroll
+    for (int u = 0; u < T::kKmUnroll; ++u) {
+      const int s = s0 + u * T::kVsRowsPerStep + grp;
+      const bool in_seq = s < kv_len;  // uniform over the lanes of the row
+      float x[T::kChunk];
+      finish_row<T>(f, p, s, in_seq, raw[u], x);
+      if (in_seq) {
+#pragma unroll
+        for (int i = 0; i < T::kChunk; ++i) sum[i] = sum[i] + x[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i)
+    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
+  sage_barrier();
+  if (tid < T::kHeadDim) {
+    float partials[kMeanPartials];
+#pragma unroll
+    for (int g = 0; g < kMeanPartials; ++g)
+      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
+    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
+                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
+  }
+}
+
+// One workgroup per (batch, key/value head, key range): the per-channel amax of V over one of
+// SAGE_V_AMAX_SPLITS key ranges -> v_amax_part. The smooth build (kSmooth, calls with smooth_k)
+// has one more workgroup per head, grid z = 0, for the head's K mean (k_mean_body;
+// v_scale_split); the plain build has none of its code, whose norm / RoPE registers would cost
+// every V workgroup occupancy (gfx1201: 51 VGPRs without it, 81 with it at BF16, 144 at FP16).
+// Thread group g = tid / (Dp/8) streams rows g, g + 32, ... of its range, kVsUnroll rows of
+// loads in flight.
+template <class T, bool kSmooth>
 SAGE_DEVICE void v_scale_body(const SageParams& p) {
   SAGE_LDS(float, part, T::kVsGroups* T::kHeadDim);  // 16 KiB (8 KiB for Dp 64)
   const int tid = sage_thread_id();
-  const int hd = sage_block_id_x(), b = sage_block_id_y(), split = sage_block_id_z();
+  const int hd = sage_block_id_x(), b = sage_block_id_y();
   const int c = prep_chunk(tid, T::kLanesPerRow), grp = tid / T::kLanesPerRow;
-  const bool in_d = T::kChunk * c < p.head_dim;
   const int64_t head = head_index(p.heads_kv, b, hd);
+  const int kv_len = entry_kv_len(p, b);  // the entry's real keys (uniform: one per workgroup)
+  const int split = v_scale_split(sage_block_id_z(), kSmooth);
+  if constexpr (kSmooth) {
+    if (split < 0) {  // uniform
+      k_mean_body<T>(p, part, tid, c, grp, b, hd, head, kv_len);
+      return;
+    }
+  }
+  const bool in_d = T::kChunk * c < p.head_dim;
   const uint16_t* v = halves(p.v) + bshd_offset(p.v_stride_b, p.v_stride_s, p.v_stride_h, b, 0, hd);
 
   float amax[T::kChunk];
 #pragma unroll
   for (int i = 0; i < T::kChunk; ++i) amax[i] = 0.0f;
-  const int kv_len = entry_kv_len(p, b);  // the entry's real keys (uniform: one per workgroup)
   constexpr int kRowsPerPass = T::kVsRowsPerStep * T::kVsUnroll;
   const int split_keys = int(v_amax_split_keys(kv_len, kRowsPerPass));
   const int s_begin = split * split_keys;
@@ -308,38 +375,6 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
       m = nan_max(m, sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid)));
     sage_gstore<float>(p.v_amax_part, 4 * v_amax_part_offset(head, T::kHeadDim, split, tid), m);
   }
-  if (!p.smooth_k || split != 0) return;  // uniform
-
-  // K mean. The loop bound is uniform, so every lane of a row takes part in the norm's
-  // shuffles; rows past kv_len add nothing.
-  const RowFn f =
-      make_row_fn<T>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, hd, p.k_norm_weight, tid);
-  float sum[T::kChunk];
-#pragma unroll
-  for (int i = 0; i < T::kChunk; ++i) sum[i] = 0.0f;
-  for (int s0 = 0; s0 < kv_len; s0 += T::kVsRowsPerStep) {
-    const int s = s0 + grp;
-    const bool in_seq = s < kv_len;
-    float x[T::kChunk];
-    load_row<T>(f, p, s, in_seq, x);
-    if (in_seq) {
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i) sum[i] = sum[i] + x[i];
-    }
-  }
-  sage_barrier();  // the amax fold above has read `part`
-#pragma unroll
-  for (int i = 0; i < T::kChunk; ++i)
-    sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
-  sage_barrier();
-  if (tid < T::kHeadDim) {
-    float partials[kMeanPartials];
-#pragma unroll
-    for (int g = 0; g < kMeanPartials; ++g)
-      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
-    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
-                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
-  }
 }
 
 // The maxima of amax[j] (j < N) over the qk workgroup's lanes: a wave butterfly, then the
@@ -369,8 +404,16 @@ SAGE_DEVICE void workgroup_amax(float (&amax)[N], L* lds, int tid, int wave) {
 // B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
 // key/value head y / G are dealt round robin to the G query heads of its group (K block
 // (x - Sq_pad/32) * G + y % G; past the last block the workgroup exits at once).
-template <class T, bool kFused>
+// Three builds (QkBuild): what a call does not ask for costs the kernel no registers.
+enum class QkBuild {
+  kPlain,   // upstream's call: no norm, no RoPE, no smoothing, 32-row Q scales
+  kSmooth,  // + K smoothing and 16-row Q scales (no norm weights or RoPE partner loads)
+  kFused,   // + RMSNorm and RoPE
+};
+template <class T, QkBuild kBuild>
 SAGE_DEVICE void qk_body(const SageParams& p) {
+  constexpr bool kNormRope = kBuild == QkBuild::kFused;
+  constexpr bool kOptions = kBuild != QkBuild::kPlain;  // smoothing, 16-row Q scales
   SAGE_LDS(float, block_max, T::kQkThreads);
   const int tid = sage_thread_id(), wave = sage_wave_id();
   const int hq = sage_block_id_y(), b = sage_block_id_z();
@@ -387,14 +430,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   int8_t* const out8 = is_q ? p.q8 : p.k8;
   float* const out_scale = is_q ? p.q_scale : p.k_scale;
   const float factor = p.q_prescale;  // Q only
-  const RowFn f = is_q ? make_row_fn<T, kFused>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, b,
-                                                hd, p.q_norm_weight, tid)
-                       : make_row_fn<T, kFused>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b,
-                                                hd, p.k_norm_weight, tid);
+  const RowFn f = is_q ? make_row_fn<T, kNormRope>(p, p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h,
+                                                   b, hd, p.q_norm_weight, tid)
+                       : make_row_fn<T, kNormRope>(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h,
+                                                   b, hd, p.k_norm_weight, tid);
   // Smoothing: `mean` is the K mean of the block's key/value head (kernel 1). K blocks
   // subtract it (otherwise x - (+0) = x exactly); Q blocks write each row's LSE term
   // lse_corr = Σ_c Q'[c]·mean[c] (a per-lane partial dot, then the row's butterfly).
-  const bool smooth = kFused && p.smooth_k;
+  const bool smooth = kOptions && p.smooth_k;
   const bool q_corr = is_q && smooth;  // uniform over the workgroup
   float mean[T::kChunk];
 #pragma unroll
@@ -450,8 +493,8 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   // The scales: Q with q_scale_rows 16 one per half, each over the workgroup; otherwise one
   // per block (the halves combined first: nan_max(lo, hi) keeps the first NaN in pass order,
   // as one running maximum over the passes does). Uniform over the workgroup.
-  // (The plain build never: q_scale_rows 16 is one of the fused build's options, fused_qk.)
-  const bool halves = kFused && is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
+  // (The plain build never: q_scale_rows 16 is an option of the smooth and fused builds.)
+  const bool halves = kOptions && is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
   float scale[2];
   if (halves) {
     SAGE_LDS(float, half_max, 2 * T::kQkThreads);
@@ -688,15 +731,21 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 // decodings live (twice the VGPRs).
 #define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                              \
   SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) {   \
-    v_scale_body<TRAITS>(p);                                                              \
+    v_scale_body<TRAITS, false>(p);                                                       \
   }                                                                                       \
+  SAGE_KERNEL(sage_prepare_v_scale_smooth##SUFFIX##kernel, TRAITS::kVsThreads)            \
+  (SageParams p) { v_scale_body<TRAITS, true>(p); }                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
                         TRAITS::kQkFusedNvBlocks)(SageParams p) {                         \
-    qk_body<TRAITS, true>(p);                                                             \
+    qk_body<TRAITS, QkBuild::kFused>(p);                                                  \
+  }                                                                                       \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_smooth##SUFFIX##kernel, TRAITS::kQkThreads,       \
+                        TRAITS::kQkSmoothNvBlocks)(SageParams p) {                        \
+    qk_body<TRAITS, QkBuild::kSmooth>(p);                                                 \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_plain##SUFFIX##kernel, TRAITS::kQkThreads,        \
                         TRAITS::kQkNvBlocks)(SageParams p) {                              \
-    qk_body<TRAITS, false>(p);                                                            \
+    qk_body<TRAITS, QkBuild::kPlain>(p);                                                  \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads,         \
                         TRAITS::kVqNvBlocks)(SageParams p) {                              \
@@ -726,6 +775,7 @@ SAGE_PREPARE_VARIANTS(SAGE_DEFINE_PREPARE)
 }  // namespace sage
 
 #if SAGE_HOST_LAUNCH  // host launch section (not in a hiprtc device build)
+#include <type_traits>
 // The backend this file is built for (csrc/cuda/prepare.cu builds it as CUDA).
 #ifndef SAGE_PREPARE_BACKEND
 #define SAGE_PREPARE_BACKEND "gfx12"
@@ -744,38 +794,53 @@ int check_launch(int rc, const char* kernel) {
 #endif
 }
 
-// Which qk kernel: the fused one (RMSNorm, RoPE, K smoothing or 16-row Q scales asked for) or
-// the plain one (upstream's default call). The plain kernel has none of the fused steps' code
-// or registers: the fused kernel's norm weights spill under the NVIDIA register cap, and its
-// instruction count per element was about 54 on an H200 (issue-bound at 210 us, B1 H24
-// S16384). With the 16-row scales' second maximum and reciprocal, the plain kernel spilled at
-// its 64-register cap and ran 122 us instead of 109 (H200, B1 H24 S16384, 9 blocks per SM).
-bool fused_qk(const SageParams& p) {
-  return p.q_norm_weight || p.k_norm_weight || p.rope_cos || p.smooth_k ||
-         sage::q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
+// Which qk build a call runs: the fused one (RMSNorm or RoPE asked for), the smooth one (K
+// smoothing or 16-row Q scales, neither norm nor RoPE: the DiT call with smooth_k) or the plain
+// one (upstream's default call). Each has none of the later builds' code or registers: the
+// fused kernel's norm weights spill under the NVIDIA register cap, and its instruction count
+// per element was about 54 on an H200 (issue-bound at 210 us, B1 H24 S16384). With the 16-row
+// scales' second maximum and reciprocal, the plain kernel spilled at its 64-register cap and
+// ran 122 us instead of 109 (H200, B1 H24 S16384, 9 blocks per SM).
+sage::gfx12::QkBuild qk_build(const SageParams& p) {
+  using sage::gfx12::QkBuild;
+  if (p.q_norm_weight || p.k_norm_weight || p.rope_cos) return QkBuild::kFused;
+  if (p.smooth_k || sage::q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE) return QkBuild::kSmooth;
+  return QkBuild::kPlain;
 }
 
 // The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
 // k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
 // v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
-template <class T, class KVs, class KQk, class KVq>
-int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk qk_plain,
-                   KVq v_quant, KVq v_quant16) {
+// The kernels of one variant, by build (K: the kernels' common function pointer type).
+template <class K>
+struct PrepareKernels {
+  K v_scale, v_scale_smooth;  // v_scale_body's plain and smooth builds
+  K qk_plain, qk_smooth, qk;  // QkBuild
+  K v_quant, v_quant16;       // pv_dtype FP8, FP16
+};
+
+template <class T, class K>
+int launch_prepare(const SageParams& p, void* stream, const PrepareKernels<K>& k) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
   if (!p.v_amax_part)
     return sage::set_error("%s: null v_amax_part (the GPU prepare's scratch)",
                            "sage_prepare_launch");
-  int rc = sage_launch(v_scale, sage_dim3{Hkv, B, SAGE_V_AMAX_SPLITS}, T::kVsThreads, stream, p);
+  const unsigned v_scale_z = unsigned(sage::v_scale_workgroups(p.smooth_k != 0));
+  int rc = sage_launch(p.smooth_k ? k.v_scale_smooth : k.v_scale, sage_dim3{Hkv, B, v_scale_z},
+                       T::kVsThreads, stream, p);
   if (rc) return check_launch(rc, "v_scale");
   const int64_t group = sage::group_size(p);
   const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);
   const unsigned qk_blocks =
       unsigned(sage::scale_blocks(p.q_len_pad) + (kv_blocks + group - 1) / group);
-  rc = sage_launch(fused_qk(p) ? qk : qk_plain, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream,
-                   p);
+  const sage::gfx12::QkBuild build = qk_build(p);
+  const K qk_kernel = build == sage::gfx12::QkBuild::kFused    ? k.qk
+                      : build == sage::gfx12::QkBuild::kSmooth ? k.qk_smooth
+                                                               : k.qk_plain;
+  rc = sage_launch(qk_kernel, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
   if (rc) return check_launch(rc, "qk");
   const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
-  rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? v_quant16 : v_quant, sage_dim3{tiles, Hkv, B},
+  rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? k.v_quant16 : k.v_quant, sage_dim3{tiles, Hkv, B},
                    T::kVqThreads, stream, p);
   return rc ? check_launch(rc, "v_quant") : 0;
 }
@@ -785,12 +850,16 @@ int launch_prepare(const SageParams& p, void* stream, KVs v_scale, KQk qk, KQk q
 template <int kD, bool kFp16>
 int launch_prepare_variant(const SageParams& p, void* stream) {
   namespace g = sage::gfx12;
-#define SAGE_PICK_PREPARE(TRAITS, SUFFIX, DIM, FP16)                                            \
-  if constexpr (kD == (DIM) && kFp16 == (FP16))                                                 \
-    return launch_prepare<g::TRAITS>(                                                           \
-        p, stream, g::sage_prepare_v_scale##SUFFIX##kernel, g::sage_prepare_qk##SUFFIX##kernel, \
-        g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,      \
-        g::sage_prepare_v_quant16##SUFFIX##kernel);                                             \
+#define SAGE_PICK_PREPARE(TRAITS, SUFFIX, DIM, FP16)                                             \
+  if constexpr (kD == (DIM) && kFp16 == (FP16))                                                  \
+    return launch_prepare<g::TRAITS>(                                                            \
+        p, stream,                                                                               \
+        PrepareKernels<std::decay_t<decltype(g::sage_prepare_qk##SUFFIX##kernel)>>{              \
+            g::sage_prepare_v_scale##SUFFIX##kernel,                                             \
+            g::sage_prepare_v_scale_smooth##SUFFIX##kernel,                                      \
+            g::sage_prepare_qk_plain##SUFFIX##kernel, g::sage_prepare_qk_smooth##SUFFIX##kernel, \
+            g::sage_prepare_qk##SUFFIX##kernel, g::sage_prepare_v_quant##SUFFIX##kernel,         \
+            g::sage_prepare_v_quant16##SUFFIX##kernel});                                         \
   else
   SAGE_PREPARE_VARIANTS(SAGE_PICK_PREPARE)
   static_assert(sage::kNoSuchVariant<kD, kFp16>, "no prepare kernels of this variant");

@@ -26,11 +26,11 @@ import bench_gfx1201_sage_attention as bench  # noqa: E402, I001
 import aiter_sage  # noqa: E402
 
 
-def calls(s, heads, d):
-    q, k, v = bench.make_inputs(1, heads, s, "cuda", d=d)
+def calls(s, heads, d, smooth_k=False, dit=False, providers=("sage", "sage_core", "sage2")):
+    q, k, v = bench.make_inputs(1, heads, s, "cuda", d=d, dit=dit)
     scale = d**-0.5
-    out = bench.provider_calls(q, k, v, scale, "cuda", False)
-    return {n: out[n] for n in ("sage", "sage_core", "sage2") if n in out}
+    out = bench.provider_calls(q, k, v, scale, "cuda", False, smooth_k=smooth_k)
+    return {n: out[n] for n in providers if n in out}
 
 
 def main(argv=None):
@@ -40,8 +40,11 @@ def main(argv=None):
     ap.add_argument("--head_dim", type=int, default=128)
     ap.add_argument("--calls", type=int, default=2, help="calls per provider")
     ap.add_argument("--trace", action="store_true", help="torch profiler table of the kernels")
+    ap.add_argument("--smooth_k", action="store_true", help="our calls quantize K minus its mean")
+    ap.add_argument("--dit", action="store_true", help="DiT-like inputs (the bench's --dit)")
+    ap.add_argument("--providers", nargs="+", default=["sage", "sage_core", "sage2"])
     a = ap.parse_args(argv)
-    fns = calls(a.seq, a.heads, a.head_dim)
+    fns = calls(a.seq, a.heads, a.head_dim, a.smooth_k, a.dit, a.providers)
     for fn in fns.values():  # warm-up: builds, autotuning, allocator
         fn()
     torch.cuda.synchronize()

@@ -153,11 +153,12 @@ def test_prepare_compiles_without_contraction(tmp_path):
 
 
 def test_prepare_default_path_has_no_spills(tmp_path):
-    """The kernels of an upstream-style call (qk_plain, v_scale, v_quant) keep everything in
-    registers under their NVIDIA caps: the qk kernel with the fused steps compiled in spilled
-    its norm weights at 64 registers and issued ~54 instructions per element (H200, B1 H24
-    S16384: 210 us), which is why the default call gets the plain kernel. The fused qk kernels
-    (RMSNorm / RoPE / smoothing asked for) are the only ones allowed to spill."""
+    """The kernels of an upstream-style call (qk_plain, v_scale, v_quant) and of a call with
+    smooth_k (v_scale_smooth, qk_smooth) keep everything in registers under their NVIDIA caps:
+    the qk kernel with the fused steps compiled in spilled its norm weights at 64 registers and
+    issued ~54 instructions per element (H200, B1 H24 S16384: 210 us), which is why those calls
+    get builds without them. The fused qk kernels (RMSNorm / RoPE asked for) are the only ones
+    allowed to spill."""
     _nvcc_or_fail()
     log = _compile(
         "module_gfx1201_sage_prepare", ("-cubin", "--resource-usage", "-o", "p.cubin"), tmp_path
@@ -165,7 +166,7 @@ def test_prepare_default_path_has_no_spills(tmp_path):
     frames = _frames(log)
     suffixes = ("_", "_d64_", "_f16_", "_d64_f16_")
     fused = {f"sage_prepare_qk{s}kernel" for s in suffixes}
-    kinds = ("qk_plain", "v_scale", "v_quant", "v_quant16")
+    kinds = ("qk_plain", "qk_smooth", "v_scale", "v_scale_smooth", "v_quant", "v_quant16")
     default = {f"sage_prepare_{k}{s}kernel" for s in suffixes for k in kinds}
     assert set(frames) == fused | default, log
     for name in default:

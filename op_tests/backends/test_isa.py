@@ -57,17 +57,22 @@ ATTN_BUDGETS = {
     ),
 }
 # Prepare variants (head dim 128 / 64 x BF16 / FP16 input): name suffix -> minimum waves per
-# SIMD of (v_scale, qk, v_quant, v_quant16). The FP16 variants hold the exact FP16 decode and
-# rounding (quant.h) of 4 row passes in registers: fewer waves, still memory bound. v_quant16
+# SIMD of (v_scale, v_scale_smooth, qk, v_quant, v_quant16). The FP16 variants hold the exact
+# FP16 decode and rounding (quant.h) of 4 row passes in registers: fewer waves, still memory
+# bound. v_scale_smooth's K mean workgroups hold rows of K through the norm and RoPE (its V
+# workgroups share their register budget); v_scale without them runs 16 waves. v_quant16
 # (pv_dtype "fp16") transposes 2-byte codes: twice the LDS tile, 6 waves at head dim 128.
 PREPARE_VARIANTS = {
-    "": (12, 12, 12, 6),
-    "_d64": (12, 12, 12, 12),
-    "_f16": (10, 5, 12, 6),
-    "_d64_f16": (10, 8, 12, 12),
+    "": (16, 12, 12, 12, 6),
+    "_d64": (16, 12, 12, 12, 12),
+    "_f16": (16, 9, 5, 12, 6),
+    "_d64_f16": (16, 9, 8, 12, 12),
 }
-# qk_plain (no fused norm / RoPE / smoothing) holds at least qk's occupancy.
-PREPARE_KINDS = (("v_scale", 0), ("qk", 1), ("qk_plain", 1), ("v_quant", 2), ("v_quant16", 3))
+# qk_smooth (no norm / RoPE) and qk_plain (nothing fused) hold at least qk's occupancy.
+PREPARE_KINDS = (
+    ("v_scale", 0), ("v_scale_smooth", 1), ("qk", 2), ("qk_smooth", 2), ("qk_plain", 2),
+    ("v_quant", 3), ("v_quant16", 4),
+)  # fmt: skip
 PREPARE_WAVES = {
     f"sage_prepare_{kind}{suffix}_kernel": waves[i]
     for suffix, waves in PREPARE_VARIANTS.items()

@@ -107,7 +107,8 @@ def test_gfx12_readme_attention_budgets_are_the_isa_report(gfx1201_kernels):
 
 def test_gfx12_readme_prepare_occupancy_is_the_isa_report(gfx1201_kernels):
     rows = _table_rows(GFX12_README.read_text(), "prepare kernel")
-    assert {r[0] for r in rows} == {"`v_scale`", "`qk`", "`qk_plain`", "`v_quant`", "`v_quant16`"}
+    kinds = ("v_scale", "v_scale_smooth", "qk", "qk_smooth", "qk_plain", "v_quant", "v_quant16")
+    assert {r[0] for r in rows} == {f"`{k}`" for k in kinds}
     for kind, *cells in rows:
         assert len(cells) == len(PREPARE_COLUMNS), kind
         for suffix, cell in zip(PREPARE_COLUMNS, cells):

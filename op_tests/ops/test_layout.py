@@ -103,6 +103,19 @@ def test_v_amax_splits_cover_every_key_once(probe, step):
         assert keys < -(-kv_len // splits) + step, kv_len
 
 
+@pytest.mark.parametrize("smooth_k", [0, 1])
+def test_v_scale_grid_has_each_v_range_once_and_the_k_mean_first(probe, smooth_k):
+    """The v_scale kernel's grid z: every V key range exactly once and, with smooth_k, one K
+    mean workgroup at z = 0 (dispatched first: it streams a whole head of K)."""
+    splits = probe.sage_v_amax_splits()
+    zs = range(probe.sage_v_scale_workgroups(smooth_k))
+    roles = [probe.sage_v_scale_split(z, smooth_k) for z in zs]
+    assert sorted(r for r in roles if r >= 0) == list(range(splits))
+    assert roles.count(-1) == smooth_k and all(r >= -1 for r in roles)
+    if smooth_k:
+        assert roles[0] == -1
+
+
 def test_q_scale_rows_field_reads_as_32_or_16(probe):
     """SageParams::q_scale_rows: 0 (a zero-initialised struct, every caller before the field)
     and 32 mean upstream's 32-row Q scales, 16 the fine mode; scale_blocks counts either."""

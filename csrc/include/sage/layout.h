@@ -78,6 +78,13 @@ SAGE_HD constexpr int64_t channel_offset(int64_t head, int64_t dim, int64_t d) {
 SAGE_HD constexpr int64_t v_amax_part_offset(int64_t head, int64_t dim, int64_t split, int64_t d) {
   return (head * SAGE_V_AMAX_SPLITS + split) * dim + d;
 }
+// The v_scale kernel's grid z: SAGE_V_AMAX_SPLITS key ranges of V, and with smooth_k the K mean
+// workgroup first (z = 0: dispatched first, so the longest stream of the kernel, a whole head
+// of K, starts at once). v_scale_split(z): the V key range of grid z, or -1 for the K mean.
+SAGE_HD constexpr int v_scale_workgroups(bool smooth_k) {
+  return SAGE_V_AMAX_SPLITS + (smooth_k ? 1 : 0);
+}
+SAGE_HD constexpr int v_scale_split(int z, bool smooth_k) { return smooth_k ? z - 1 : z; }
 // Keys per split: kv_len over SAGE_V_AMAX_SPLITS, rounded up to `step` (the keys one pass of
 // the kernel covers). Split i covers [i * keys, min((i + 1) * keys, kv_len)); late splits of a
 // short sequence cover nothing.
