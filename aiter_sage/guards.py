@@ -130,10 +130,14 @@ def host_free_bytes() -> tuple[int, str]:
     return free, source
 
 
-def device_free_bytes(device: torch.device) -> tuple[int, str]:
-    """Free memory of a GPU (the driver's figure plus what torch's caching allocator holds
-    unused, which it hands out first)."""
+def device_free_bytes(device: torch.device, need: Optional[int] = None) -> tuple[int, str]:
+    """Free memory of a GPU: the driver's figure plus what torch's caching allocator holds
+    unused, which it hands out first. With ``need`` the allocator's share is read only when
+    the driver's figure falls short of it: reading it builds torch's whole memory_stats dict,
+    twice, which cost a call on an H100 host more than its attention kernel at S 4096."""
     free, _ = torch.cuda.mem_get_info(device)
+    if need is not None and need <= free:
+        return int(free), "free device memory"
     cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return int(free + max(cached, 0)), "free device memory"
 
@@ -153,7 +157,7 @@ def check_fits(budget: Budget, device: torch.device, op: str) -> None:
         free, source = host_free_bytes()
         where = "host memory"
     elif device.type == "cuda":
-        free, source = device_free_bytes(device)
+        free, source = device_free_bytes(device, need=budget.total)
         where = f"memory on {device}"
     else:
         return
