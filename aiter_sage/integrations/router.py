@@ -210,6 +210,15 @@ def _with_causal(attn_mask, sq: int, skv: int):
 # ----------------------------------------------------------------------------------------------
 # The two paths
 # ----------------------------------------------------------------------------------------------
+# The Q scale granularity of every routed call: one scale per 16 query rows, SageAttention2's
+# on Hopper, where the ops keep upstream's 32 (the op contract). On DiT-like inputs with smooth_k
+# (what the integrations pass) the output's rel L2 drops from 0.0581 / 0.0588 to 0.0556 / 0.0566
+# at S 4k / 16k (SageAttention2: 0.0560 / 0.0571) at the same speed: one H100 run, 536 / 696 vs
+# 537 / 704 TFLOPS (docs/perf/2026-12-06-prepare-smooth-and-host-overhead.md); the gfx12 model
+# predicts the same (docs/perf/2026-12-02-q-scale-rows.md).
+ROUTED_Q_SCALE_ROWS = 16
+
+
 def _to_nhd(t, layout):
     t = t.transpose(1, 2) if layout == "HND" else t
     return t if t.stride(-1) == 1 else t.contiguous()
@@ -230,8 +239,14 @@ def kernel_attention(
         qn, kn, vn = (_to_nhd(t, layout) for t in (q, k, v))
     scale = None if scale is None else float(scale)
     if not torch.compiler.is_compiling() and ops.check_enabled():
-        guards.warn_outlier_blocks(qn, kn, smooth_k=bool(smooth_k), op="aiter_sage attention")
-    kw = dict(is_causal=bool(is_causal), smooth_k=bool(smooth_k), backend=backend)
+        guards.warn_outlier_blocks(
+            qn, kn, smooth_k=bool(smooth_k), q_scale_rows=ROUTED_Q_SCALE_ROWS,
+            op="aiter_sage attention",
+        )  # fmt: skip
+    kw = dict(
+        is_causal=bool(is_causal), smooth_k=bool(smooth_k), q_scale_rows=ROUTED_Q_SCALE_ROWS,
+        backend=backend,
+    )  # fmt: skip
     if plan is not None and plan.kv_lens is not None:
         kw["kv_lens"] = plan.kv_lens.to(qn.device)
     if q_lens is not None and (plan is None or (plan.fold is None and plan.rows is None)):

@@ -208,7 +208,8 @@ def test_hub_package_first_import_no_namespace_conflict(repo):
         import aiter_sage, torch
         assert a is not b and a.sageattn is b.sageattn is aiter_sage.sageattn
         q = torch.randn(1, 40, 2, 64).bfloat16()
-        out = aiter_sage.gfx1201_sage_attention(q, q, q)  # registers and runs the ops
+        # registers and runs the ops; routed calls take 16-row Q scales (ROUTED_Q_SCALE_ROWS)
+        out = aiter_sage.gfx1201_sage_attention(q, q, q, q_scale_rows=16)
         assert torch.equal(a.sageattn(q, q, q, tensor_layout="NHD", smooth_k=False), out)
         print("ONE", aiter_sage.__file__)
         """

@@ -162,8 +162,9 @@ def test_sdpa_eligible_runs_the_kernels(causal):
     with torch.no_grad():
         out = aiter_sage.sdpa(q, k, v, is_causal=causal, enable_gqa=True)
         kern = aiter_sage.gfx1201_sage_attention(
-            *(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal, smooth_k=True
-        )
+            *(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal, smooth_k=True,
+            q_scale_rows=16,  # router.ROUTED_Q_SCALE_ROWS: every routed call's
+        )  # fmt: skip
     assert out.shape == q.shape and out.dtype == q.dtype
     assert torch.equal(out, kern.transpose(1, 2))
     assert_band(out, truth(q, k, v, is_causal=causal)[0])
