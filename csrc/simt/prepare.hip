@@ -65,7 +65,9 @@ struct PrepTraits {
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
   // spills; same bits).
   static constexpr int kQkFusedNvBlocks = 6;
-  // The smooth build (K mean, lse_corr, 16-row Q scales; no norm weights): TODO measured.
+  // The smooth build (K - mean, lse_corr, 16-row Q scales; no norm weights): 7 blocks, 72
+  // registers, no spill (8 blocks spilled 16 bytes). H100, B1 H24 S16384 DiT-like with
+  // smooth_k: 134 us, where the fused build at 6 blocks took 189.
   static constexpr int kQkSmoothNvBlocks = 7;
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
@@ -318,7 +320,7 @@ SAGE_DEVICE void k_mean_body(const SageParams& p, L* part, int tid, int c, int g
 // SAGE_V_AMAX_SPLITS key ranges -> v_amax_part. The smooth build (kSmooth, calls with smooth_k)
 // has one more workgroup per head, grid z = 0, for the head's K mean (k_mean_body;
 // v_scale_split); the plain build has none of its code, whose norm / RoPE registers would cost
-// every V workgroup occupancy (gfx1201: 51 VGPRs without it, 81 with it at BF16, 144 at FP16).
+// every V workgroup occupancy (gfx1201 BF16 / FP16: 51 / 83 VGPRs without it, 101 / 164 with).
 // Thread group g = tid / (Dp/8) streams rows g, g + 32, ... of its range, kVsUnroll rows of
 // loads in flight.
 template <class T, bool kSmooth>
