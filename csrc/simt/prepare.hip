@@ -258,12 +258,6 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
   }
 }
 
-// fetch_row then finish_row: one row, its loads waited for at once.
-template <class T>
-SAGE_DEVICE void load_row(const RowFn& f, const SageParams& p, int s, bool in_seq, float* v) {
-  finish_row<T>(f, p, s, in_seq, fetch_row<T>(f, s, in_seq), v);
-}
-
 // ============================================================================ kernel 1 =====
 // With smooth_k: the per-channel mean of K (after norm/RoPE) of one (batch, key/value head) ->
 // k_mean, in a workgroup of its own (v_scale_split), so that the head's stream of K runs beside
@@ -810,10 +804,8 @@ sage::gfx12::QkBuild qk_build(const SageParams& p) {
   return QkBuild::kPlain;
 }
 
-// The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
-// k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
-// v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
-// The kernels of one variant, by build (K: the kernels' common function pointer type).
+// The kernels of one variant, by build (K: the kernels' common type, a function pointer or,
+// in the hiprtc host, sage_kernel).
 template <class K>
 struct PrepareKernels {
   K v_scale, v_scale_smooth;  // v_scale_body's plain and smooth builds
@@ -821,6 +813,9 @@ struct PrepareKernels {
   K v_quant, v_quant16;       // pv_dtype FP8, FP16
 };
 
+// The three launches of one head dim, in stream order: kernel 1 writes v_amax_part (and
+// k_mean), which kernels 3 (and 2: K blocks and Q's lse_corr with smoothing) read.
+// v_quant16 replaces v_quant with pv_dtype FP16 (FP16 V codes).
 template <class T, class K>
 int launch_prepare(const SageParams& p, void* stream, const PrepareKernels<K>& k) {
   const unsigned B = unsigned(p.batch), Hq = unsigned(p.heads_q), Hkv = unsigned(p.heads_kv);
