@@ -82,6 +82,14 @@ struct PrepTraits {
   // elsewhere). Its rows carry a RoPE partner chunk and the norm: on gfx1201 4 cost the smooth
   // build's V workgroups 2 waves per SIMD (12 -> 10 at BF16, 9 -> 7 at FP16), 2 none at BF16.
   static constexpr int kKmUnroll = SAGE_K_MEAN_ROWS_IN_FLIGHT;
+  // K mean slices (K without the fused norm / RoPE, k_mean_slice_body): 32 groups x 4 (2)
+  // lanes of a SAGE_K_MEAN_SLICES-th of the row, 128 (64) threads of the workgroup. A lane's
+  // rows are a sequential sum (the pinned order), so its rows of loads in flight set the
+  // slice's speed; raw 16-byte loads, 4 registers a row.
+  static constexpr int kKmSliceLanes = km_slice_lanes(kHeadDim);
+  static constexpr int kKmSliceThreads = kMeanPartials * kKmSliceLanes;
+  static constexpr int kKmSliceChannels = kKmSliceLanes * kChunk;
+  static constexpr int kKmSliceUnroll = 16;
   // v_quant: 256 threads; a thread converts 4 keys x 8 channels per pass, 2 (1) passes = 128 keys.
   static constexpr int kVqThreads = 256;
   // NVIDIA only: resident v_quant blocks per SM, a register cap: 4 (64 registers; the raw
@@ -97,6 +105,9 @@ struct PrepTraits {
   static_assert(kChunk == kNormLanes && kHeadDim % kNormChannelsPerRound == 0,
                 "RMSNorm: a lane's 8 channels are the 8 lanes of quant.h's pinned order");
   static_assert(kVsThreads <= 512 && kWaveSize % kLanesPerRow == 0, "rows never straddle waves");
+  static_assert(kKmSliceLanes >= 1 && kKmSliceLanes * SAGE_K_MEAN_SLICES == kLanesPerRow &&
+                    kKmSliceThreads % kWaveSize == 0 && kKmSliceChannels <= kKmSliceThreads,
+                "K mean slices: whole waves, every chunk of the row in one slice");
   static_assert(kVqPasses >= 1 &&
                     kVqPasses * (kVqThreads / kLanesPerRow) * kVqKeysPerThread == kVtKeys,
                 "");
@@ -259,15 +270,16 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
 }
 
 // ============================================================================ kernel 1 =====
-// With smooth_k: the per-channel mean of K (after norm/RoPE) of one (batch, key/value head) ->
-// k_mean, in a workgroup of its own (v_scale_split), so that the head's stream of K runs beside
-// the V maximum workgroups instead of after one of them. Thread group g = tid / (Dp/8) (32
-// groups) adds rows g, g + 32, g + 64, ... in turn, so its running sum per channel is exactly
-// partial g of quant.h's pinned order; the partials meet in LDS and one thread per channel adds
-// them in turn (k_mean_from_partials). The loads of kKmUnroll rows per group are issued before
-// the first is added (the additions stay in row order): one row in flight per thread streamed
-// a head's K at a fraction of the V amax loop's rate. The loop bound is uniform, so every lane
-// of a row takes part in the norm's shuffles; rows past kv_len add nothing.
+// With smooth_k and the fused RMSNorm or RoPE on K: the per-channel mean of K after them of one
+// (batch, key/value head) -> k_mean, in a workgroup of its own (slice 0 of v_scale_split's K
+// mean workgroups; without norm and RoPE the slices share the head: k_mean_slice_body), so
+// that the head's stream of K runs beside the V maximum workgroups instead of after one of them.
+// Thread group g = tid / (Dp/8) (32 groups) adds rows g, g + 32, g + 64, ... in turn, so its
+// running sum per channel is exactly partial g of quant.h's pinned order; the partials meet in LDS
+// and one thread per channel adds them in turn (k_mean_from_partials). The loads of kKmUnroll rows
+// per group are issued before the first is added (the additions stay in row order): one row in
+// flight per thread streamed a head's K at a fraction of the V amax loop's rate. The loop bound is
+// uniform, so every lane of a row takes part in the norm's shuffles; rows past kv_len add nothing.
 template <class T, class L>
 SAGE_DEVICE void k_mean_body(const SageParams& p, L* part, int tid, int c, int grp, int b, int hd,
                              int64_t head, int kv_len) {
@@ -310,13 +322,69 @@ SAGE_DEVICE void k_mean_body(const SageParams& p, L* part, int tid, int c, int g
   }
 }
 
+// The K mean of one channel slice of a (batch, key/value head) -> k_mean, for K without the
+// fused RMSNorm or RoPE (the norm's sum of squares needs the whole row, and RoPE's partner
+// chunks would double the rows' registers; those calls take k_mean_body in slice 0). Thread
+// group g = km_group(tid) adds its chunk of rows g, g + 32, g + 64, ... in turn: partial g of
+// quant.h's pinned order, as in k_mean_body, over a quarter of the channels, so the head's K
+// streams through SAGE_K_MEAN_SLICES SMs (H100, B1 H24 S16384 DiT-like: v_scale_smooth 151 ->
+// 79 us; one workgroup per head streamed ~27 GB/s per SM). kKmSliceUnroll rows of loads are
+// issued before the first is added. Threads past kKmSliceThreads only meet the barrier.
+template <class T, class L>
+SAGE_DEVICE void k_mean_slice_body(const SageParams& p, L* part, int tid, int slice, int b, int hd,
+                                   int64_t head, int kv_len) {
+  constexpr int kLanes = T::kKmSliceLanes;
+  const int grp = km_group(tid, kLanes), c = km_chunk(tid, slice, kLanes);
+  const bool active = tid < T::kKmSliceThreads;  // whole waves
+  const bool in_d = T::kChunk * c < p.head_dim;
+  const uint16_t* k = halves(p.k) + bshd_offset(p.k_stride_b, p.k_stride_s, p.k_stride_h, b, 0, hd);
+  float sum[T::kChunk];
+#pragma unroll
+  for (int i = 0; i < T::kChunk; ++i) sum[i] = 0.0f;
+  constexpr int kRowsPerPass = kMeanPartials * T::kKmSliceUnroll;
+  for (int s0 = active ? grp : kv_len; s0 < kv_len; s0 += kRowsPerPass) {
+    u32x4 raw[T::kKmSliceUnroll];
+#pragma unroll
+    for (int u = 0; u < T::kKmSliceUnroll; ++u) {  // issue all loads first
+      const int s = s0 + u * kMeanPartials;
+      raw[u] = s < kv_len && in_d
+                   ? sage_gload<u32x4>(k, 2 * (int64_t(s) * p.k_stride_s + T::kChunk * c))
+                   : u32x4{0, 0, 0, 0};
+    }
+#pragma unroll
+    for (int u = 0; u < T::kKmSliceUnroll; ++u) {
+      if (s0 + u * kMeanPartials < kv_len) {  // rows in turn; none past the sequence
+        float x[T::kChunk];
+        unpack_halfx8(raw[u], T::kDtype, x);
+#pragma unroll
+        for (int i = 0; i < T::kChunk; ++i) sum[i] = sum[i] + x[i];
+      }
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < T::kChunk; ++i)
+      sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
+  }
+  sage_barrier();
+  if (tid < T::kKmSliceChannels) {
+    const int ch = slice * T::kKmSliceChannels + tid;
+    float partials[kMeanPartials];
+#pragma unroll
+    for (int g = 0; g < kMeanPartials; ++g)
+      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + ch));
+    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, ch),
+                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
+  }
+}
+
 // One workgroup per (batch, key/value head, key range): the per-channel amax of V over one of
 // SAGE_V_AMAX_SPLITS key ranges -> v_amax_part. The smooth build (kSmooth, calls with smooth_k)
-// has one more workgroup per head, grid z = 0, for the head's K mean (k_mean_body;
-// v_scale_split); the plain build has none of its code, whose norm / RoPE registers would cost
-// every V workgroup occupancy (gfx1201 BF16 / FP16: 51 / 83 VGPRs without it, 101 / 164 with).
-// Thread group g = tid / (Dp/8) streams rows g, g + 32, ... of its range, kVsUnroll rows of
-// loads in flight.
+// has SAGE_K_MEAN_SLICES more workgroups per head, grid z < slices, for the head's K mean
+// (k_mean_slice_body, or k_mean_body with the fused norm / RoPE; v_scale_split); the plain build
+// has none of its code, whose norm / RoPE registers would cost every V workgroup occupancy (gfx1201
+// BF16 / FP16: 51 / 83 VGPRs without it, 101 / 164 with). Thread group g = tid / (Dp/8) streams
+// rows g, g + 32, ... of its range, kVsUnroll rows of loads in flight.
 template <class T, bool kSmooth>
 SAGE_DEVICE void v_scale_body(const SageParams& p) {
   SAGE_LDS(float, part, T::kVsGroups* T::kHeadDim);  // 16 KiB (8 KiB for Dp 64)
@@ -327,8 +395,12 @@ SAGE_DEVICE void v_scale_body(const SageParams& p) {
   const int kv_len = entry_kv_len(p, b);  // the entry's real keys (uniform: one per workgroup)
   const int split = v_scale_split(sage_block_id_z(), kSmooth);
   if constexpr (kSmooth) {
-    if (split < 0) {  // uniform
-      k_mean_body<T>(p, part, tid, c, grp, b, hd, head, kv_len);
+    if (split < 0) {  // uniform: K mean slice z
+      const int slice = sage_block_id_z();
+      if (!p.k_norm_weight && !p.rope_cos)
+        k_mean_slice_body<T>(p, part, tid, slice, b, hd, head, kv_len);
+      else if (slice == 0)  // the norm needs whole rows: one workgroup per head
+        k_mean_body<T>(p, part, tid, c, grp, b, hd, head, kv_len);
       return;
     }
   }

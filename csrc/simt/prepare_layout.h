@@ -37,6 +37,19 @@ SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
   return c < rope_dim / 16 ? c + rope_dim / 16 : c - rope_dim / 16;
 }
 
+// K mean (smooth_k): a head's Dp / 8 chunks over SAGE_K_MEAN_SLICES workgroups,
+// km_slice_lanes lanes of a row each (4 at Dp 128: 64 bytes of a 16-bit row). Thread tid of
+// slice z adds chunk km_chunk of rows g, g + 32, g + 64, ... in turn (g = km_group < 32): each
+// (group, channel) is still partial g of quant.h's pinned order, whichever slice holds it, so
+// the mean's bits do not depend on the split.
+SAGE_HD constexpr int km_slice_lanes(int head_dim_pad) {
+  return prep_lanes_per_row(head_dim_pad) / SAGE_K_MEAN_SLICES;
+}
+SAGE_HD constexpr int km_group(int tid, int lanes) { return tid / lanes; }
+SAGE_HD constexpr int km_chunk(int tid, int slice, int lanes) {
+  return slice * lanes + tid % lanes;
+}
+
 // ------------------------------------------------------------------ prepare: V --------
 // V is transposed through LDS: a [Dp channel][128 key] byte tile with rows padded by one
 // 4-byte word, so that the column writes (16 lanes = 16 channel rows 8 apart, 4 keys each)

@@ -84,6 +84,13 @@ int main() {
       printf("%s[%d,%d,%d,%d,%d]", dp == 64 && !t && !pass ? "" : ",", dp, t, pass,
              prep_row(t, pass, 128, lanes), prep_half(pass, 128, lanes));
   }
+  printf("],\"km\":[");
+  for (int dp = 64; dp <= 128; dp += 64) {
+    const int lanes = km_slice_lanes(dp);
+    for (int z = 0; z < SAGE_K_MEAN_SLICES; ++z) for (int t = 0; t < 32 * lanes; ++t)
+      printf("%s[%d,%d,%d,%d,%d]", dp == 64 && !z && !t ? "" : ",", dp, z, t,
+             km_group(t, lanes), km_chunk(t, z, lanes));
+  }
   printf("],\"rope\":[");
   int first = 1;
   for (int rd = 32; rd <= 128; rd += 32) for (int c = 0; c < rd / 8; ++c) {
@@ -460,6 +467,28 @@ def test_prepare_q_scale_halves():
             rows = range(16 * half, 16 * half + 16)
             assert cells == {(r, c) for r in rows for c in range(dp // 8)}, (dp, half)
         assert [h for _, p, _, h in entries if p == 0][0] == 0  # pass 0 starts the block
+
+
+def test_k_mean_slices_hold_each_partial_of_each_chunk_once():
+    """K mean slices (simt/prepare_layout.h km_*): over the slices' active threads, every
+    (row group g < 32, chunk) of a Dp-channel row exactly once, so every channel's 32 partials
+    of quant.h's pinned order are each one thread's sequential sum; a slice's chunks are
+    contiguous (one 16 * lanes-byte piece of each row) and a row group's lanes are adjacent
+    threads."""
+    d = layouts()
+    for dp in (64, 128):
+        entries = [e[1:] for e in d["km"] if e[0] == dp]
+        assert sorted((g, c) for _, _, g, c in entries) == [
+            (g, c) for g in range(32) for c in range(dp // 8)
+        ], dp
+        by_slice = {}
+        for z, t, g, c in entries:
+            by_slice.setdefault(z, set()).add(c)
+            assert g == t // (len([e for e in entries if e[0] == z]) // 32)
+        chunks = sorted(by_slice.values(), key=min)
+        width = len(chunks[0])
+        assert all(cs == set(range(min(cs), min(cs) + width)) for cs in chunks), dp
+        assert width * len(chunks) == dp // 8
 
 
 def test_rope_partner():

@@ -53,6 +53,7 @@ SAGE_EXPORT int64_t sage_v_amax_split_keys(int64_t kv_len, int64_t step) {
 SAGE_EXPORT int sage_v_amax_splits() { return SAGE_V_AMAX_SPLITS; }
 SAGE_EXPORT int sage_v_scale_workgroups(int smooth_k) { return sage::v_scale_workgroups(smooth_k); }
 SAGE_EXPORT int sage_v_scale_split(int z, int smooth_k) { return sage::v_scale_split(z, smooth_k); }
+SAGE_EXPORT int sage_k_mean_slices() { return SAGE_K_MEAN_SLICES; }
 SAGE_EXPORT int sage_padded_head_dim(int d) { return sage::padded_head_dim(d); }
 SAGE_EXPORT int64_t sage_padded_len(int64_t n) { return sage::padded_len(n); }
 SAGE_EXPORT uint8_t sage_e4m3(float x) { return sage::f32_to_e4m3_sat(x); }

@@ -185,6 +185,43 @@ def test_prepare_norm_or_rope_alone(backend, part):
 
 
 @pytest.mark.parametrize("backend", backend_params())
+@pytest.mark.parametrize(
+    "d,dtype,part",
+    [
+        (128, torch.bfloat16, None),
+        (96, torch.float16, None),
+        (64, torch.bfloat16, None),
+        (128, torch.bfloat16, "norm"),
+        (128, torch.float16, "rope"),
+    ],
+)
+def test_smooth_k_prepare_over_many_keys(backend, d, dtype, part):
+    """smooth_k over 1100 keys (more than two passes of the GPU K mean's slices, 512 rows
+    each, and a tail that is not a whole pass), K offset per channel so the mean decides the
+    codes: bit for bit against ref.prepare. Without the fused norm the GPU splits a head's K
+    mean over channel slices (simt/prepare_layout.h km_*), with it one workgroup takes the
+    head; both must keep quant.h's pinned order. D 96 leaves a Dp-128 slice's lanes past D."""
+    s, h = 1100, 2
+    q, k, v = qkv(1, s, s, h, seed=40 + d)
+    q, v = q[..., :d].to(dtype), v[..., :d].to(dtype)
+    k = (k[..., :d].float() + torch.linspace(-3, 5, d)).to(dtype)
+    fused = (None,) * 4
+    if part == "norm":
+        fused = (*norm_weights(11), None, None)
+    elif part == "rope":
+        fused = (None, None, *rope_tables(s, 64))
+    got = aiter_sage.gfx1201_sage_prepare(
+        *to_device(backend, q, k, v),
+        None,
+        *to_device(backend, *fused),
+        1e-5,
+        smooth_k=True,
+        backend=backend,
+    )
+    assert_prepared_equal(got, ref.prepare(q, k, v, None, *fused, 1e-5, smooth_k=True))
+
+
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("rope_dim", [32, 64, 96, 128])
 def test_fused_equals_unfused(backend, rope_dim):
     """Fused norm+rope == F.rms_norm-style norm, FP32 RoPE, then plain prepare, bit for bit."""

@@ -105,15 +105,16 @@ def test_v_amax_splits_cover_every_key_once(probe, step):
 
 @pytest.mark.parametrize("smooth_k", [0, 1])
 def test_v_scale_grid_has_each_v_range_once_and_the_k_mean_first(probe, smooth_k):
-    """The v_scale kernel's grid z: every V key range exactly once and, with smooth_k, one K
-    mean workgroup at z = 0 (dispatched first: it streams a whole head of K)."""
-    splits = probe.sage_v_amax_splits()
+    """The v_scale kernel's grid z: every V key range exactly once and, with smooth_k, the K
+    mean's channel slices at z = 0 .. slices - 1 (dispatched first: they stream a whole head of
+    K between them), each naming its slice as z."""
+    splits, slices = probe.sage_v_amax_splits(), probe.sage_k_mean_slices()
     zs = range(probe.sage_v_scale_workgroups(smooth_k))
     roles = [probe.sage_v_scale_split(z, smooth_k) for z in zs]
     assert sorted(r for r in roles if r >= 0) == list(range(splits))
-    assert roles.count(-1) == smooth_k and all(r >= -1 for r in roles)
-    if smooth_k:
-        assert roles[0] == -1
+    k_mean_zs = [z for z, r in zip(zs, roles) if r < 0]
+    assert k_mean_zs == (list(range(slices)) if smooth_k else [])
+    assert slices >= 2  # one workgroup per head kept a head's K on one SM
 
 
 def test_q_scale_rows_field_reads_as_32_or_16(probe):

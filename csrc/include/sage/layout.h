@@ -78,13 +78,16 @@ SAGE_HD constexpr int64_t channel_offset(int64_t head, int64_t dim, int64_t d) {
 SAGE_HD constexpr int64_t v_amax_part_offset(int64_t head, int64_t dim, int64_t split, int64_t d) {
   return (head * SAGE_V_AMAX_SPLITS + split) * dim + d;
 }
-// The v_scale kernel's grid z: SAGE_V_AMAX_SPLITS key ranges of V, and with smooth_k the K mean
-// workgroup first (z = 0: dispatched first, so the longest stream of the kernel, a whole head
-// of K, starts at once). v_scale_split(z): the V key range of grid z, or -1 for the K mean.
+// The v_scale kernel's grid z: SAGE_V_AMAX_SPLITS key ranges of V and, with smooth_k, the K
+// mean's SAGE_K_MEAN_SLICES channel slices first (z < slices: dispatched first, so the longest
+// streams of the kernel start at once). v_scale_split(z): the V key range of grid z, or < 0
+// for a K mean slice (its slice is z).
 SAGE_HD constexpr int v_scale_workgroups(bool smooth_k) {
-  return SAGE_V_AMAX_SPLITS + (smooth_k ? 1 : 0);
+  return SAGE_V_AMAX_SPLITS + (smooth_k ? SAGE_K_MEAN_SLICES : 0);
 }
-SAGE_HD constexpr int v_scale_split(int z, bool smooth_k) { return smooth_k ? z - 1 : z; }
+SAGE_HD constexpr int v_scale_split(int z, bool smooth_k) {
+  return smooth_k ? z - SAGE_K_MEAN_SLICES : z;
+}
 // Keys per split: kv_len over SAGE_V_AMAX_SPLITS, rounded up to `step` (the keys one pass of
 // the kernel covers). Split i covers [i * keys, min((i + 1) * keys, kv_len)); late splits of a
 // short sequence cover nothing.

@@ -40,6 +40,10 @@ extern "C" {
 // Key ranges ("splits") of a kv head over which the GPU prepare takes V's per-channel |max|
 // in parallel (v_amax_part): one workgroup per head left most of a GPU idle.
 #define SAGE_V_AMAX_SPLITS 16
+// Workgroups per kv head of the GPU prepare's K mean (smooth_k), each a slice of the head's
+// channels: the mean's pinned order leaves 32 sequential sums per channel, so one workgroup per
+// head kept the whole head's stream of K on one SM (simt/prepare_layout.h km_slice_lanes).
+#define SAGE_K_MEAN_SLICES 4
 // Longest sequence: keeps every per-head offset of the prepared tensors (128 * S_pad bytes
 // of transposed V) inside 32 bits, which the gfx12 kernels' lane offsets rely on.
 #define SAGE_MAX_SEQ_LEN (1 << 24)
