@@ -78,6 +78,12 @@ struct PrepTraits {
   static constexpr int kVsThreads = kVsGroups * kLanesPerRow;
   static constexpr int kVsRowsPerStep = kVsGroups;
   static constexpr int kVsUnroll = 8;
+  // NVIDIA only: resident plain v_scale blocks per SM, a register cap. Dp 128 (512 threads):
+  // 2 (58 registers, no spill) where the uncapped build's 79 let one block hold an SM; H100, B1
+  // H24: 14.9 -> 12.5 us at S 4096, where a V range is one pass of loads, 41.0 -> 40.0 at S
+  // 16384. Dp 64 (256 threads, 75 registers) fits 3 (unchanged: 23.0 us at S 16384). The
+  // smooth build keeps one: its K mean slices' 16 rows of loads alone take 64 registers.
+  static constexpr int kVsNvBlocks = kDp == 128 ? 2 : 3;
   // K mean (smooth_k): rows of loads in flight per thread group (platform.h: 6 on NVIDIA, 2
   // elsewhere). Its rows carry a RoPE partner chunk and the norm: on gfx1201 4 cost the smooth
   // build's V workgroups 2 waves per SIMD (12 -> 10 at BF16, 9 -> 7 at FP16), 2 none at BF16.
@@ -798,7 +804,8 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 // original names. The dtype is a template argument: as a runtime value the compiler kept both
 // decodings live (twice the VGPRs).
 #define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                              \
-  SAGE_KERNEL(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads)(SageParams p) {   \
+  SAGE_KERNEL_NV_BLOCKS(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads,         \
+                        TRAITS::kVsNvBlocks)(SageParams p) {                              \
     v_scale_body<TRAITS, false>(p);                                                       \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_scale_smooth##SUFFIX##kernel, TRAITS::kVsThreads)            \
