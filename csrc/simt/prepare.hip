@@ -58,8 +58,9 @@ struct PrepTraits {
   // registers, 4 blocks fit, and the kernel streamed ~1 TB/s on an H200 (302 us at B1 H24
   // S16384); at 8 blocks 210 us, 6 blocks 222 us. The plain build alone: 9 blocks (56
   // registers, no spill with BF16 input) 112.3 -> 107.5 us at Dp 128; FP16 input spills at 9
-  // and keeps 8; Dp 64 fits 10 (48 registers; 69.3 -> 68.8 us).
-  static constexpr int kQkNvBlocks = kDp == 64 ? 10 : kInDtype == SAGE_DTYPE_BF16 ? 9 : 8;
+  // and keeps 8; Dp 64 fits 10 (48 registers; 69.3 -> 68.8 us) with one scale block per
+  // workgroup, 9 with BF16's two (qk_blocks_per_workgroup; 10 spilled 16 bytes).
+  static constexpr int kQkNvBlocks = kInDtype == SAGE_DTYPE_BF16 ? 9 : kDp == 64 ? 10 : 8;
   // The fused qk build (RMSNorm / RoPE / smoothing) holds the norm weights too: at 8 blocks it
   // spilled the most; 6 blocks (80 registers, fewer spills) gave the best fused prepare on an
   // H200 (B1 H24 S16384, norm + RoPE 128: 594 us at 8 blocks, 546 at 6, 563 at 4 with no
@@ -69,6 +70,13 @@ struct PrepTraits {
   // registers, no spill (8 blocks spilled 16 bytes). H100, B1 H24 S16384 DiT-like with
   // smooth_k: 134 us, where the fused build at 6 blocks took 189.
   static constexpr int kQkSmoothNvBlocks = 7;
+  // qk scale blocks per workgroup (prepare_layout.h qk_block): the plain BF16 build 2, its setup
+  // paid once for both (H100 B1 H24, qk_plain: S 4096 31.4 -> 30.0 us, S 16384 115.3 -> 108.6,
+  // D 64 70.7 -> 68.9; 9 blocks per SM, no spill; at Dp 64 10 spilled 16 bytes). The others 1:
+  // under their caps 2 spilled (FP16 plain, smooth) or the norm weights already do (fused).
+  SAGE_HD static constexpr int qk_blocks_per_workgroup(bool plain) {
+    return plain && kInDtype == SAGE_DTYPE_BF16 ? 2 : 1;
+  }
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
   // thread = 64 (32) KiB per workgroup, each streaming one of SAGE_V_AMAX_SPLITS key ranges
@@ -268,8 +276,10 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
     for (int i = 0; i < T::kChunk; ++i)
       v[i] = rope_apply(v[i], vp[i], T::kChunk * f.c + i, p.rope_dim, cosv[i], sinv[i], T::kDtype);
   }
-  // Channels >= D are +0 whatever the norm made of them (0 * inf with eps = 0 is NaN).
-  if (!f.in_d) {
+  // Channels >= D are +0 whatever the norm made of them (0 * inf with eps = 0 is NaN). Without
+  // the norm they are +0 already (fetch_row loads nothing there; RoPE lanes lie below D), so
+  // the builds without it carry no select.
+  if (f.norm && !f.in_d) {
 #pragma unroll
     for (int i = 0; i < T::kChunk; ++i) v[i] = 0.0f;
   }
@@ -474,10 +484,12 @@ SAGE_DEVICE void workgroup_amax(float (&amax)[N], L* lds, int tid, int wave) {
 }
 
 // ============================================================================ kernel 2 =====
-// One workgroup per 32-row scale block of Q or K. Grid (Sq_pad/32 + ceil((Skv_pad/32) / G), Hq,
-// B) with G = Hq / Hkv: x < Sq_pad/32 is Q block x of query head y; beyond, the K blocks of
-// key/value head y / G are dealt round robin to the G query heads of its group (K block
-// (x - Sq_pad/32) * G + y % G; past the last block the workgroup exits at once).
+// One workgroup per N consecutive 32-row scale blocks of Q or K (N = qk_blocks_per_workgroup:
+// 2 for the plain BF16 build, else 1). Grid (ceil((Sq_pad/32) / N) + ceil(ceil((Skv_pad/32) /
+// G) / N), Hq, B) with G = Hq / Hkv: the first workgroups hold the Q blocks of query head y;
+// beyond, the K blocks of key/value head y / G are dealt round robin to the G query heads of
+// its group (prepare_layout.h qk_block; a workgroup whose first block is past the last exits at
+// once, a second block past it is skipped).
 // Three builds (QkBuild): what a call does not ask for costs the kernel no registers.
 enum class QkBuild {
   kPlain,   // upstream's call: no norm, no RoPE, no smoothing, 32-row Q scales
@@ -492,10 +504,12 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
   const int tid = sage_thread_id(), wave = sage_wave_id();
   const int hq = sage_block_id_y(), b = sage_block_id_z();
   const int q_blocks = int(scale_blocks(p.q_len_pad));
-  const bool is_q = sage_block_id_x() < q_blocks;
+  const int x_id = sage_block_id_x();
+  constexpr int kPer = T::qk_blocks_per_workgroup(kBuild == QkBuild::kPlain);
+  const bool is_q = x_id < qk_q_workgroups(q_blocks, kPer);
   const int group = group_size(p);
-  const int blk = is_q ? sage_block_id_x() : (sage_block_id_x() - q_blocks) * group + hq % group;
-  if (!is_q && blk >= scale_blocks(p.kv_len_pad)) return;  // uniform over the workgroup
+  const int blocks = is_q ? q_blocks : int(scale_blocks(p.kv_len_pad));
+  if (qk_block(x_id, hq, 0, q_blocks, group, kPer) >= blocks) return;  // uniform over the workgroup
   const int hd = is_q ? hq : hq / group;
   const int heads = is_q ? p.heads_q : p.heads_kv;
   const int64_t head = head_index(heads, b, hd);
@@ -522,114 +536,132 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
         4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
         mean);
 
-  // The block row this lane works on in each pass.
-  const auto row_of = [&](int pass) {
-    return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
-  };
-  // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i.
-  float x[T::kQkPasses][T::kChunk];
-  // |x| maxima of the block's two 16-row halves (passes [0, kQkPasses / 2) and the rest): a
-  // scale each for Q with q_scale_rows 16, else combined into the block's one.
-  float amax[2] = {0.0f, 0.0f};
-  const auto half_of = [](int pass) { return prep_half(pass, T::kQkThreads, T::kLanesPerRow); };
-  RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
-#pragma unroll
-  for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = row_of(pass);
-    raw[pass] = fetch_row<T>(f, s, s < len);
-  }
-#pragma unroll
-  for (int pass = 0; pass < T::kQkPasses; ++pass) {
-    const int s = row_of(pass);
-    const bool in_seq = s < len;  // uniform over the lanes of the row
-    float v[T::kChunk];
-    finish_row<T>(f, p, s, in_seq, raw[pass], v);
-#pragma unroll
-    for (int i = 0; i < T::kChunk; ++i) {
-      x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
-      amax[half_of(pass)] = nan_max(amax[half_of(pass)], sage_fabsf(x[pass][i]));
-    }
-  }
-  if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
-#pragma unroll
-    for (int pass = 0; pass < T::kQkPasses; ++pass) {
-      const int s = row_of(pass);
-      float corr = 0.0f;
-#pragma unroll
-      for (int i = 0; i < T::kChunk; ++i) corr = corr + x[pass][i] * mean[i];
-#pragma unroll
-      for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) corr = corr + sage_shfl_xor(corr, n);
-      if (f.c == 0)
-        sage_gstore<float>(p.lse_corr, 4 * lse_corr_offset(head, p.q_len_pad, s),
-                           s < len ? corr : 0.0f);
-    }
-  }
-  // The scales: Q with q_scale_rows 16 one per half, each over the workgroup; otherwise one
-  // per block (the halves combined first: nan_max(lo, hi) keeps the first NaN in pass order,
-  // as one running maximum over the passes does). Uniform over the workgroup.
-  // (The plain build never: q_scale_rows 16 is an option of the smooth and fused builds.)
-  const bool halves = kOptions && is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
-  float scale[2];
-  if (halves) {
-    SAGE_LDS(float, half_max, 2 * T::kQkThreads);
-    workgroup_amax<T>(amax, half_max, tid, wave);
-    scale[0] = int8_block_scale(amax[0]);
-    scale[1] = int8_block_scale(amax[1]);
-  } else {
-    float block[1] = {nan_max(amax[0], amax[1])};
-    workgroup_amax<T>(block, block_max, tid, wave);
-    scale[0] = scale[1] = int8_block_scale(block[0]);
-  }
-
-  // The 8 codes of a pass, packed (quant: value, the pass's scale -> int8 code).
-  const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
-    const float sc = scale[half_of(pass)];
-    word[0] = word[1] = 0;
-#pragma unroll
-    for (int i = 0; i < T::kChunk; ++i)
-      word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], sc))) << (8 * (i % 4));
-  };
-  // codes(pass, word): fills the pass's packed codes.
-  const auto store_codes = [&](auto codes) {
-#pragma unroll
-    for (int pass = 0; pass < T::kQkPasses; ++pass) {
-      const int s = row_of(pass);
-      uint32_t word[2];
-      codes(pass, word);
-      sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
-                         v2i32{int(word[0]), int(word[1])});
-    }
-  };
-  const auto normal = [](float v, float sc) { return quant_i8_normal(v, sc); };
-  const bool all_normal = int8_scale_is_normal(scale[0]) && int8_scale_is_normal(scale[1]);
-  // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
-  // (quant_i8_normal); the branch is uniform over the workgroup. The cuda build goes further
-  // (SAGE_QUANT_I8_RECIP): a multiply by the scale's 1/s where quant.h's proof vouches for the
-  // code, the division for a pass with a value it does not (rare: near the k + 1/2 boundaries).
-#if defined(SAGE_QUANT_I8_RECIP)
-  if (all_normal && int8_recip_ok(scale[0]) && int8_recip_ok(scale[1])) {
-    const float recip[2] = {sage_rcpf(scale[0]), sage_rcpf(scale[1])};
-    store_codes([&](int pass, uint32_t(&word)[2]) {
-      bool unsure = false;
-      const float r = recip[half_of(pass)];
-      pack_codes(pass, [&](float v, float) { return quant_i8_recip(v, r, unsure); }, word);
-      if (unsure) pack_codes(pass, normal, word);
-    });
-  } else
-#endif
-      if (all_normal)
-    store_codes([&](int pass, uint32_t(&word)[2]) { pack_codes(pass, normal, word); });
-  else
-    store_codes([&](int pass, uint32_t(&word)[2]) {
-      pack_codes(pass, [](float v, float sc) { return quant_i8(v, sc); }, word);
-    });
-  if (tid == 0) {
-    const int s = blk * SAGE_SCALE_BLOCK;
-    const auto scale_at = [&](int row) {
-      return is_q ? q_scale_offset(p, head, row) : qk_scale_offset(head, len_pad, row);
+  // Scale block blk of this workgroup's role, from its loads to its codes and scale.
+  const auto quantize_block = [&](int blk) {
+    // The block row this lane works on in each pass.
+    const auto row_of = [&](int pass) {
+      return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
     };
-    sage_gstore<float>(out_scale, 4 * scale_at(s), scale[0]);
-    if (halves) sage_gstore<float>(out_scale, 4 * scale_at(s + SAGE_Q_SCALE_ROWS_FINE), scale[1]);
+    // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i; 0 past
+    // the sequence. The plain build skips that select: there a row past it loads +0, so its
+    // value is +0 (K) or +-0 (Q: the factor is finite), and x only meets |x| and the code, to
+    // which -0 is +0 (the smooth build subtracts the mean and dots Q with it: it selects).
+    float x[T::kQkPasses][T::kChunk];
+    // |x| maxima of the block's two 16-row halves (passes [0, kQkPasses / 2) and the rest): a
+    // scale each for Q with q_scale_rows 16, else combined into the block's one.
+    float amax[2] = {0.0f, 0.0f};
+    const auto half_of = [](int pass) { return prep_half(pass, T::kQkThreads, T::kLanesPerRow); };
+    RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of(pass);
+      raw[pass] = fetch_row<T>(f, s, s < len);
+    }
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of(pass);
+      const bool in_seq = s < len;  // uniform over the lanes of the row
+      float v[T::kChunk];
+      finish_row<T>(f, p, s, in_seq, raw[pass], v);
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i) {
+        if constexpr (kBuild == QkBuild::kPlain)
+          x[pass][i] = is_q ? v[i] * factor : v[i] - mean[i];
+        else
+          x[pass][i] = in_seq ? (is_q ? v[i] * factor : v[i] - mean[i]) : 0.0f;
+        amax[half_of(pass)] = nan_max(amax[half_of(pass)], sage_fabsf(x[pass][i]));
+      }
+    }
+    if (q_corr) {  // every lane of a row takes part in its butterfly; padded rows get 0
+#pragma unroll
+      for (int pass = 0; pass < T::kQkPasses; ++pass) {
+        const int s = row_of(pass);
+        float corr = 0.0f;
+#pragma unroll
+        for (int i = 0; i < T::kChunk; ++i) corr = corr + x[pass][i] * mean[i];
+#pragma unroll
+        for (int n = T::kLanesPerRow / 2; n >= 1; n /= 2) corr = corr + sage_shfl_xor(corr, n);
+        if (f.c == 0)
+          sage_gstore<float>(p.lse_corr, 4 * lse_corr_offset(head, p.q_len_pad, s),
+                             s < len ? corr : 0.0f);
+      }
+    }
+    // The scales: Q with q_scale_rows 16 one per half, each over the workgroup; otherwise one
+    // per block (the halves combined first: nan_max(lo, hi) keeps the first NaN in pass order,
+    // as one running maximum over the passes does). Uniform over the workgroup.
+    // (The plain build never: q_scale_rows 16 is an option of the smooth and fused builds.)
+    const bool halves = kOptions && is_q && q_scale_rows(p) == SAGE_Q_SCALE_ROWS_FINE;
+    float scale[2];
+    if (halves) {
+      SAGE_LDS(float, half_max, 2 * T::kQkThreads);
+      workgroup_amax<T>(amax, half_max, tid, wave);
+      scale[0] = int8_block_scale(amax[0]);
+      scale[1] = int8_block_scale(amax[1]);
+    } else {
+      float block[1] = {nan_max(amax[0], amax[1])};
+      workgroup_amax<T>(block, block_max, tid, wave);
+      scale[0] = scale[1] = int8_block_scale(block[0]);
+    }
+
+    // The 8 codes of a pass, packed (quant: value, the pass's scale -> int8 code).
+    const auto pack_codes = [&](int pass, auto quant, uint32_t(&word)[2]) {
+      const float sc = scale[half_of(pass)];
+      word[0] = word[1] = 0;
+#pragma unroll
+      for (int i = 0; i < T::kChunk; ++i)
+        word[i / 4] |= uint32_t(uint8_t(quant(x[pass][i], sc))) << (8 * (i % 4));
+    };
+    // codes(pass, word): fills the pass's packed codes.
+    const auto store_codes = [&](auto codes) {
+#pragma unroll
+      for (int pass = 0; pass < T::kQkPasses; ++pass) {
+        const int s = row_of(pass);
+        uint32_t word[2];
+        codes(pass, word);
+        sage_gstore<v2i32>(out8, qk8_offset(heads, T::kHeadDim, len_pad, b, s, hd, T::kChunk * f.c),
+                           v2i32{int(word[0]), int(word[1])});
+      }
+    };
+    const auto normal = [](float v, float sc) { return quant_i8_normal(v, sc); };
+    const bool all_normal = int8_scale_is_normal(scale[0]) && int8_scale_is_normal(scale[1]);
+    // Nearly every block has a normal scale, where quant_i8's NaN and range checks cannot fire
+    // (quant_i8_normal); the branch is uniform over the workgroup. The cuda build goes further
+    // (SAGE_QUANT_I8_RECIP): a multiply by the scale's 1/s where quant.h's proof vouches for the
+    // code, the division for a pass with a value it does not (rare: near the k + 1/2 boundaries).
+#if defined(SAGE_QUANT_I8_RECIP)
+    if (all_normal && int8_recip_ok(scale[0]) && int8_recip_ok(scale[1])) {
+      const float recip[2] = {sage_rcpf(scale[0]), sage_rcpf(scale[1])};
+      store_codes([&](int pass, uint32_t(&word)[2]) {
+        bool unsure = false;
+        const float r = recip[half_of(pass)];
+        pack_codes(pass, [&](float v, float) { return quant_i8_recip(v, r, unsure); }, word);
+        if (unsure) pack_codes(pass, normal, word);
+      });
+    } else
+#endif
+        if (all_normal)
+      store_codes([&](int pass, uint32_t(&word)[2]) { pack_codes(pass, normal, word); });
+    else
+      store_codes([&](int pass, uint32_t(&word)[2]) {
+        pack_codes(pass, [](float v, float sc) { return quant_i8(v, sc); }, word);
+      });
+    if (tid == 0) {
+      const int s = blk * SAGE_SCALE_BLOCK;
+      const auto scale_at = [&](int row) {
+        return is_q ? q_scale_offset(p, head, row) : qk_scale_offset(head, len_pad, row);
+      };
+      sage_gstore<float>(out_scale, 4 * scale_at(s), scale[0]);
+      if (halves) sage_gstore<float>(out_scale, 4 * scale_at(s + SAGE_Q_SCALE_ROWS_FINE), scale[1]);
+    }
+  };
+  // kPer consecutive blocks, the setup above once for all of them. The
+  // barrier keeps a block's LDS stores (workgroup_amax) behind the last one's loads.
+#pragma unroll 1
+  for (int rep = 0; rep < kPer; ++rep) {
+    const int blk = qk_block(x_id, hq, rep, q_blocks, group, kPer);
+    if (blk >= blocks) break;  // uniform over the workgroup
+    if (rep > 0) sage_barrier();
+    quantize_block(blk);
   }
 }
 
@@ -905,11 +937,10 @@ int launch_prepare(const SageParams& p, void* stream, const PrepareKernels<K>& k
   int rc = sage_launch(p.smooth_k ? k.v_scale_smooth : k.v_scale, sage_dim3{Hkv, B, v_scale_z},
                        T::kVsThreads, stream, p);
   if (rc) return check_launch(rc, "v_scale");
-  const int64_t group = sage::group_size(p);
-  const int64_t kv_blocks = sage::scale_blocks(p.kv_len_pad);
-  const unsigned qk_blocks =
-      unsigned(sage::scale_blocks(p.q_len_pad) + (kv_blocks + group - 1) / group);
   const sage::gfx12::QkBuild build = qk_build(p);
+  const unsigned qk_blocks = unsigned(sage::gfx12::qk_workgroups(
+      int(sage::scale_blocks(p.q_len_pad)), int(sage::scale_blocks(p.kv_len_pad)),
+      int(sage::group_size(p)), T::qk_blocks_per_workgroup(build == sage::gfx12::QkBuild::kPlain)));
   const K qk_kernel = build == sage::gfx12::QkBuild::kFused    ? k.qk
                       : build == sage::gfx12::QkBuild::kSmooth ? k.qk_smooth
                                                                : k.qk_plain;

@@ -32,6 +32,22 @@ SAGE_HD constexpr int prep_half(int pass, int threads,
                                 int lanes = prep_lanes_per_row(SAGE_HEAD_DIM_LARGE)) {
   return pass * (threads / lanes) / SAGE_Q_SCALE_ROWS_FINE;
 }
+// The qk grid: each workgroup quantizes `per` consecutive 32-row scale blocks of one role
+// (PrepTraits::qk_blocks_per_workgroup), so that its setup (head and length lookups, the group's
+// integer divisions, row addresses: about a quarter of the plain kernel's instructions with one
+// block, on an H100) is paid once for them. x < qk_q_workgroups: Q blocks x * per + rep of query
+// head hq; beyond, the K blocks of key/value head hq / group dealt round robin to the group's
+// query heads: block ((x - qk_q_workgroups) * per + rep) * group + hq % group. A block past
+// the last is skipped.
+SAGE_HD constexpr int qk_q_workgroups(int q_blocks, int per) { return (q_blocks + per - 1) / per; }
+SAGE_HD constexpr int qk_workgroups(int q_blocks, int kv_blocks, int group, int per) {
+  return qk_q_workgroups(q_blocks, per) + ((kv_blocks + group - 1) / group + per - 1) / per;
+}
+SAGE_HD constexpr int qk_block(int x, int hq, int rep, int q_blocks, int group, int per) {
+  return x < qk_q_workgroups(q_blocks, per)
+             ? x * per + rep
+             : ((x - qk_q_workgroups(q_blocks, per)) * per + rep) * group + hq % group;
+}
 // RoPE partner chunk of chunk c (c < rope_dim / 8): channels c*8 +- rope_dim/2.
 SAGE_HD constexpr int rope_partner_chunk(int c, int rope_dim) {
   return c < rope_dim / 16 ? c + rope_dim / 16 : c - rope_dim / 16;

@@ -84,6 +84,18 @@ int main() {
       printf("%s[%d,%d,%d,%d,%d]", dp == 64 && !t && !pass ? "" : ",", dp, t, pass,
              prep_row(t, pass, 128, lanes), prep_half(pass, 128, lanes));
   }
+  printf("],\"qk_grid\":[");
+  int qk_first = 1;
+  for (int per = 1; per <= 2; ++per) for (int group = 1; group <= 3; group += 2)
+    for (int qb = 1; qb <= 5; qb += 2) for (int kb = 1; kb <= 7; kb += 3) {
+      const int heads_q = 2 * group, xs = qk_workgroups(qb, kb, group, per);
+      for (int x = 0; x < xs; ++x) for (int hq = 0; hq < heads_q; ++hq)
+        for (int rep = 0; rep < per; ++rep) {
+          printf("%s[%d,%d,%d,%d,%d,%d,%d,%d,%d]", qk_first ? "" : ",", per, group, qb, kb, x, hq,
+                 rep, x < qk_q_workgroups(qb, per), qk_block(x, hq, rep, qb, group, per));
+          qk_first = 0;
+        }
+    }
   printf("],\"km\":[");
   for (int dp = 64; dp <= 128; dp += 64) {
     const int lanes = km_slice_lanes(dp);
@@ -489,6 +501,40 @@ def test_k_mean_slices_hold_each_partial_of_each_chunk_once():
         width = len(chunks[0])
         assert all(cs == set(range(min(cs), min(cs) + width)) for cs in chunks), dp
         assert width * len(chunks) == dp // 8
+
+
+def test_qk_grid_covers_every_scale_block_once():
+    """The qk grid (simt/prepare_layout.h qk_workgroups / qk_block) with one or two blocks per
+    workgroup: every Q block of every query head and every K block of every key/value head
+    (GQA groups 1 and 3: K blocks dealt round robin to the group's query heads) exactly once,
+    a workgroup's blocks consecutive in rep order, and nothing but blocks past the last
+    skipped."""
+    d = layouts()
+    cases = {}
+    for per, group, qb, kb, x, hq, rep, is_q, blk in d["qk_grid"]:
+        cases.setdefault((per, group, qb, kb), []).append((x, hq, rep, is_q, blk))
+    assert len(cases) == 2 * 2 * 3 * 3
+    for (per, group, qb, kb), rows in cases.items():
+        q = [(hq, blk) for x, hq, rep, is_q, blk in rows if is_q and blk < qb]
+        k = [(hq // group, blk) for x, hq, rep, is_q, blk in rows if not is_q and blk < kb]
+        assert sorted(q) == [(h, b) for h in range(2 * group) for b in range(qb)], (per, group)
+        assert sorted(k) == [(h, b) for h in range(2) for b in range(kb)], (per, group, qb, kb)
+        by_wg = {}
+        for x, hq, rep, is_q, blk in rows:
+            by_wg.setdefault((x, hq), []).append((rep, blk, is_q))
+        for blocks in by_wg.values():
+            blks = [b for _, b, _ in sorted(blocks)]
+            step = 1 if blocks[0][2] else group
+            assert blks == [blks[0] + step * r for r in range(per)]
+        # a workgroup whose first block is past the last has nothing to do: at most one per
+        # query head and role (the rounding up of the grid)
+        idle = [
+            (hq, is_q)
+            for (x, hq), b in by_wg.items()
+            for rep, blk, is_q in b
+            if rep == 0 and blk >= (qb if is_q else kb)
+        ]
+        assert len(idle) == len(set(idle)), (per, group, qb, kb)
 
 
 def test_rope_partner():
