@@ -4,11 +4,13 @@
 // Three kernels per (Dp, input dtype), launched in this order on the stream:
 //   1. v_scale  one workgroup per (kv head, batch, key range): the per-channel |V| maximum
 //               of SAGE_V_AMAX_SPLITS key ranges -> v_amax_part (scratch), folded by kernel 3;
-//               with smooth_k, one more workgroup per (kv head, batch) takes the per-channel K
-//               mean over the whole sequence -> k_mean in the pinned order (32 row groups =
-//               the 32 partial sums), beside the V ranges. (One workgroup per head streamed V
-//               at ~1 TB/s on an H200: 24 of its 132 SMs at B1 H24.)
-//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads): optional
+//               with smooth_k, SAGE_K_MEAN_SLICES more workgroups per (kv head, batch), a
+//               slice of the channels each, take the per-channel K mean over the whole sequence
+//               -> k_mean in the pinned order (32 row groups = the 32 partial sums), beside the
+//               V ranges. (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its
+//               132 SMs at B1 H24.)
+//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads), two
+//               consecutive blocks in the plain BF16 build (qk_blocks_per_workgroup): optional
 //               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale (Q with
 //               q_scale_rows 16: an amax, scale and codes per 16-row half). Rows past
 //               the sequence are written as zeros (outputs come from torch.empty). With
@@ -92,8 +94,9 @@ struct PrepTraits {
   // 16384. Dp 64 (256 threads, 75 registers) fits 3 (unchanged: 23.0 us at S 16384). The
   // smooth build keeps one: its K mean slices' 16 rows of loads alone take 64 registers.
   static constexpr int kVsNvBlocks = kDp == 128 ? 2 : 3;
-  // K mean (smooth_k): rows of loads in flight per thread group (platform.h: 6 on NVIDIA, 2
-  // elsewhere). Its rows carry a RoPE partner chunk and the norm: on gfx1201 4 cost the smooth
+  // K mean with the fused norm / RoPE (k_mean_body, one workgroup per head): rows of loads in
+  // flight per thread group (platform.h: 6 on NVIDIA, 2 elsewhere). Its rows carry a RoPE
+  // partner chunk and the norm: on gfx1201 4 cost the smooth
   // build's V workgroups 2 waves per SIMD (12 -> 10 at BF16, 9 -> 7 at FP16), 2 none at BF16.
   static constexpr int kKmUnroll = SAGE_K_MEAN_ROWS_IN_FLIGHT;
   // K mean slices (K without the fused norm / RoPE, k_mean_slice_body): 32 groups x 4 (2)
@@ -286,6 +289,18 @@ SAGE_DEVICE void finish_row(const RowFn& f, const SageParams& p, int s, bool in_
 }
 
 // ============================================================================ kernel 1 =====
+// Channel ch of the K mean from the 32 partials the row groups parked in LDS (`part`, one row
+// of Dp floats per group), added in turn (k_mean_from_partials) -> k_mean.
+template <class T, class L>
+SAGE_DEVICE void store_k_mean(const SageParams& p, L* part, int ch, int64_t head, int kv_len) {
+  float partials[kMeanPartials];
+#pragma unroll
+  for (int g = 0; g < kMeanPartials; ++g)
+    partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + ch));
+  sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, ch),
+                     kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
+}
+
 // With smooth_k and the fused RMSNorm or RoPE on K: the per-channel mean of K after them of one
 // (batch, key/value head) -> k_mean, in a workgroup of its own (slice 0 of v_scale_split's K
 // mean workgroups; without norm and RoPE the slices share the head: k_mean_slice_body), so
@@ -328,14 +343,7 @@ SAGE_DEVICE void k_mean_body(const SageParams& p, L* part, int tid, int c, int g
   for (int i = 0; i < T::kChunk; ++i)
     sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
   sage_barrier();
-  if (tid < T::kHeadDim) {
-    float partials[kMeanPartials];
-#pragma unroll
-    for (int g = 0; g < kMeanPartials; ++g)
-      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + tid));
-    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, tid),
-                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
-  }
+  if (tid < T::kHeadDim) store_k_mean<T>(p, part, tid, head, kv_len);
 }
 
 // The K mean of one channel slice of a (batch, key/value head) -> k_mean, for K without the
@@ -383,15 +391,8 @@ SAGE_DEVICE void k_mean_slice_body(const SageParams& p, L* part, int tid, int sl
       sage_lds_store(part, 4 * (grp * T::kHeadDim + T::kChunk * c + i), sum[i]);
   }
   sage_barrier();
-  if (tid < T::kKmSliceChannels) {
-    const int ch = slice * T::kKmSliceChannels + tid;
-    float partials[kMeanPartials];
-#pragma unroll
-    for (int g = 0; g < kMeanPartials; ++g)
-      partials[g] = sage_lds_load<float>(part, 4 * (g * T::kHeadDim + ch));
-    sage_gstore<float>(p.k_mean, 4 * channel_offset(head, T::kHeadDim, ch),
-                       kv_len > 0 ? k_mean_from_partials(partials, kv_len) : 0.0f);
-  }
+  if (tid < T::kKmSliceChannels)
+    store_k_mean<T>(p, part, slice * T::kKmSliceChannels + tid, head, kv_len);
 }
 
 // One workgroup per (batch, key/value head, key range): the per-channel amax of V over one of

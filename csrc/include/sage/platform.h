@@ -133,10 +133,12 @@ SAGE_DEVICE uint8_t sage_e4m3_sat(float x) {
 // prepare's qk kernel quantizes with quant.h's quant_i8_recip (a multiply by 1/s, the division
 // where it cannot vouch for the code): the division was ~12 instructions a value there.
 #define SAGE_QUANT_I8_RECIP 1
-// prepare's K mean (smooth_k): rows of K in flight per thread group. One workgroup per head
-// streams the whole head (the mean's pinned order), so its loads in flight set its speed
-// (H100, B1 H24 S16384 DiT-like: v_scale_smooth 175 us at 4 rows, 148 at 8). 8 gave the FP16
-// build a stack frame at the 512-thread workgroup's 128 registers; 6 keeps 121, none.
+// prepare's K mean with the fused norm / RoPE on K (k_mean_body; without them the head's
+// channels are split over SAGE_K_MEAN_SLICES workgroups): rows of K in flight per thread
+// group. One workgroup per head streams the whole head (the mean's pinned order), so its loads
+// in flight set its speed (H100, B1 H24 S16384 DiT-like, when every smooth_k call took this
+// path: v_scale_smooth 175 us at 4 rows, 148 at 8). 8 gave the FP16 build a stack frame at the
+// 512-thread workgroup's 128 registers; 6 keeps 121, none.
 #define SAGE_K_MEAN_ROWS_IN_FLIGHT 6
 
 SAGE_DEVICE int sage_thread_id() { return int(threadIdx.x); }
