@@ -186,6 +186,13 @@ struct Traits {
   // The folded exponent argument (kFoldMaxScale): the serial kernel only (no measurable change
   // on the overlapped D = 128 one; the three-warpgroup D = 64 one spilled its addends).
   static constexpr bool kFoldScoreBias = kSerial;
+  // softmax_tile packs P into the PV wgmma's A registers a k step at a time, as the numerators
+  // come (pack_p_step): the serial kernel only, where no PV wgmma is in flight during the
+  // softmax. Packed after the softmax, ptxas built the 16 A registers of a tile with 32 F2FP and
+  // 16 PRMT (64 numerators live at once); packed as they come, 32 F2FP and no PRMT (H100, B1 H24
+  // sage_core, alternating with the previous build in one call: S 32k 835 -> 847 TFLOPS, D 64
+  // S 16k 571 -> 575).
+  static constexpr bool kPackInSoftmax = kSerial;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s]; then the serial kernels'
   // release counters (Smem::released), one 8-byte slot each for stage s's K and V.
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
@@ -340,10 +347,17 @@ __device__ __forceinline__ float ex2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// Two floats -> two e4m3 bytes (lo in the low byte), round to nearest even, saturating at 448.
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  uint16_t r;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+// Four floats -> four e4m3 bytes (a in the low byte), round to nearest even, saturating at 448.
+// Both halves in one asm, so ptxas can write the high half into the low half's register
+// (F2FP ... MERGE_C) instead of joining two 16-bit results with a PRMT.
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+      "mov.b32 %0, {lo, hi};\n}"
+      : "=r"(r)
+      : "f"(a), "f"(b), "f"(c), "f"(d));
   return r;
 }
 
@@ -528,11 +542,11 @@ __device__ __forceinline__ float score_f32(int s) { return score_biased(s) - kSc
 // per-(block, row) addend (8 FFMAs a tile instead of an FADD per score: H200, the serial D =
 // 128 kernel, sage_core 786 -> 889 TFLOPS at S 16k, 807 -> 861 at 32k, in two runs). The addend
 // is rounded once: an absolute error up to 2^-24 * 1.5 * 2^23 * sc = 0.75 sc in the log2
-// domain, shared by a block's 32 keys. Only tiles whose every scale is below kFoldMaxScale
-// fold (a warp-uniform choice): there P moves by a factor within 2^(+-0.00073), far inside its
-// e4m3 rounding (randn inputs have sc ~ 2e-4; Q and K block maxima up to ~11 stay below).
-// Larger scales (outlier channels, 1e4-sized activations, NaN) take the exact two-step path;
-// without that guard the row maximum's numerator could land anywhere near 2^(+-0.75 sc) and
+// domain, shared by a block's 32 keys. Only unmasked tiles whose every scale is below
+// kFoldMaxScale fold (a warp-uniform choice): there P moves by a factor within 2^(+-0.00073), far
+// inside its e4m3 rounding (randn inputs have sc ~ 2e-4; Q and K block maxima up to ~11 stay
+// below). Larger scales (outlier channels, 1e4-sized activations, NaN) take the exact two-step
+// path; without that guard the row maximum's numerator could land anywhere near 2^(+-0.75 sc) and
 // overflow.
 constexpr float kFoldMaxScale = 1.0f / 1024;
 
@@ -555,6 +569,41 @@ __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
     const int kb = key0 / SAGE_SCALE_BLOCK + blk;
     ks[blk] = kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f;
   }
+}
+
+// P (f32, the softmax numerators) -> e4m3 (or FP16) A fragments of the PV wgmma, one k step
+// (kb) at a time: its A registers hold numerators [kb * kPStepValues, (kb + 1) * kPStepValues).
+// Runs only once no PV wgmma is in flight: the A registers of an in-flight wgmma must not be
+// written (ptxas does not extend their live range to the wait, so a write there would serialize
+// the wgmmas, C7513).
+template <class T>
+constexpr int kPStepValues = 64 / T::kPvSteps;
+template <class T>
+__device__ __forceinline__ void pack_p_step(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4],
+                                            int kb) {
+  if constexpr (T::kPv16) {
+    // A register r of k16 step kb: row half r & 1, chunk 2kb + (r >> 1), elements e = 0, 1
+    // (low half first): accumulators 8kb + 2r + e. RNE, as ref.py's pr.half(); P' <= 448.
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const __half2 h = __floats2half2_rn(f[8 * kb + 2 * r], f[8 * kb + 2 * r + 1]);
+      pa[kb][r] = *reinterpret_cast<const uint32_t*>(&h);
+    }
+  } else {
+    // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
+    // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int h = r & 1, ch = 4 * kb + 2 * (r >> 1);
+      pa[kb][r] = e4m3x4(f[4 * ch + 2 * h], f[4 * ch + 2 * h + 1], f[4 * (ch + 1) + 2 * h],
+                         f[4 * (ch + 1) + 2 * h + 1]);
+    }
+  }
+}
+template <class T>
+__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4]) {
+#pragma unroll
+  for (int kb = 0; kb < T::kPvSteps; ++kb) pack_p_step<T>(f, pa, kb);
 }
 
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
@@ -620,8 +669,10 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   // Each row half's sum in four partial chains (chunk ch goes to chain ch % 4): one chain of 32
   // dependent FADDs waited out the FADD latency at every step.
   float sum[2][4] = {};
+  // Masked tiles (one or two per row block) always take the exact path: one variant fewer of
+  // the 64 numerators in the key loop's code (2403 -> 2051 instructions with the packing above).
   const bool fold =
-      T::kFoldScoreBias &&
+      !kMasked && T::kFoldScoreBias &&
       __all_sync(0xffffffffu, fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3])) < kFoldMaxScale);
   // The numerators and their row sums, from the exponent's argument arg(i) of score i.
   const auto numerators = [&](auto arg) {
@@ -631,6 +682,9 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
       f[i] = ex2(arg(i, h));
       if (!kept(i)) f[i] = 0.0f;
       sum[h][(i >> 2) & 3] += f[i];
+      // A k step's A registers as soon as its numerators are there (Traits::kPackInSoftmax)
+      if constexpr (T::kPackInSoftmax)
+        if ((i + 1) % kPStepValues<T> == 0) pack_p_step<T>(f, c.pa, i / kPStepValues<T>);
     }
   };
   if (fold) {
@@ -646,38 +700,6 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
 #pragma unroll
   for (int h = 0; h < 2; ++h)
     c.l[h] = c.l[h] * alpha[h] + ((sum[h][0] + sum[h][1]) + (sum[h][2] + sum[h][3]));
-}
-
-// P (f32, the softmax numerators) -> e4m3 (or FP16) A fragments of the PV wgmma. Runs only once no
-// PV wgmma is in flight: the A registers of an in-flight wgmma must not be written (ptxas does not
-// extend their live range to the wait, so a write there would serialize the wgmmas, C7513).
-template <class T>
-__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4]) {
-  if constexpr (T::kPv16) {
-    // A register r of k16 step kb: row half r & 1, chunk 2kb + (r >> 1), elements e = 0, 1
-    // (low half first): accumulators 8kb + 2r + e. RNE, as ref.py's pr.half(); P' <= 448.
-#pragma unroll
-    for (int kb = 0; kb < T::kPvSteps; ++kb) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const __half2 h = __floats2half2_rn(f[8 * kb + 2 * r], f[8 * kb + 2 * r + 1]);
-        pa[kb][r] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-    }
-  } else {
-    // Accumulator index of (chunk ch, row half h, element e) is 4ch + 2h + e; A register r of
-    // k32 step kb: row half r & 1, chunks 4kb + 2(r >> 1) + {0, 1}.
-#pragma unroll
-    for (int kb = 0; kb < T::kPvSteps; ++kb) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int h = r & 1, ch = 4 * kb + 2 * (r >> 1);
-        const uint32_t lo = e4m3x2(f[4 * ch + 2 * h], f[4 * ch + 2 * h + 1]);
-        const uint32_t hi = e4m3x2(f[4 * (ch + 1) + 2 * h], f[4 * (ch + 1) + 2 * h + 1]);
-        pa[kb][r] = lo | (hi << 16);
-      }
-    }
-  }
 }
 
 // Descriptors of one tile's wgmmas, computed before the wgmma fence (ptxas serializes wgmmas
@@ -970,8 +992,7 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
     // the warpgroup's first row from c.row0, not kept across the loop (with three warpgroups
     // per CTA that cost a spill)
-    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);
-    pack_p<T>(f, c.pa);  // first: f's registers die before O's rescale
+    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);  // and P
     rescale_o(c, alpha);
     mbar_wait(sm.full_v(st), phase);
     {
