@@ -977,7 +977,6 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     const int key0 = j * kBlockN;
     const bool next = (threadIdx.x % kWgThreads) == 0 && j + T::kStages < w.n_tiles;
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
-    load_k_scales(pk, key0, ks);
     mbar_wait(sm.full_k(st), phase);
     {
       QkDesc<T> qd = qk_desc<T>(db, st);
@@ -987,6 +986,9 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
       issue_qk<T>(qd, s);
     }
     wgmma_commit();
+    // The K scales load under the QK wgmma, not ahead of its fence (H100 B1 H24 sage_core, the
+    // two builds alternating in one call: 818 -> 822 TFLOPS at S 16k, 837 -> 839 at 32k).
+    load_k_scales(pk, key0, ks);
     wgmma_wait<0>();
     reg_fence(s);
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
