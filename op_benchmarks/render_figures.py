@@ -5,8 +5,8 @@ One figure per backend, each a speed panel and an accuracy-versus-length panel:
 
   cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
           avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
-  cuda    op_benchmarks/nvidia/hopper_side_by_side.csv (one Hopper GPU, SIDE_BY_SIDE_GPU,
-          run_h200.sh's side-by-side with SageAttention2 and cuDNN)
+  cuda    op_benchmarks/nvidia/hopper_side_by_side.csv (one Hopper GPU, named in its gpu
+          column: run_h200.sh's side-by-side with SageAttention2 and cuDNN)
   gfx12   a PREDICTION: the calibrated model's TFLOPS (aiter_sage/perf_model.py, what
           `python3 -m aiter_sage.isa --arch gfx1201 --model r9700 --shape B,H,S,D
           --queries-per-group 128` prints) for each S, with its held-out error as the band
@@ -30,7 +30,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "op_benchmarks" / "results"
 SIDE_BY_SIDE_CSV = REPO / "op_benchmarks" / "nvidia" / "hopper_side_by_side.csv"
-SIDE_BY_SIDE_GPU = "H100 80GB HBM3"  # the card of that CSV's run (the CSV does not name it)
 IMAGES = REPO / "docs" / "images"
 ACCURACY_CSV = RESULTS / "accuracy_vs_seqlen.csv"
 CPU_CSV = RESULTS / "cpu_main_job.csv"
@@ -122,6 +121,10 @@ def render_cuda(plt) -> None:
     full call and kernel, SageAttention2 (the faster of its smooth_k settings) and cuDNN, and
     rel L2 of ours and SageAttention2's (randn, then the DiT-like rows with smooth_k)."""
     rows = _rows(SIDE_BY_SIDE_CSV)
+    gpus = {r.get("gpu") for r in rows}
+    if len(gpus) != 1 or None in gpus:
+        raise SystemExit(f"{SIDE_BY_SIDE_CSV}: expected one run on one card, gpu column {gpus}")
+    (gpu,) = gpus
     by = {}
     for r in rows:
         by.setdefault(r["shape"], {})[r["provider"]] = r
@@ -146,7 +149,7 @@ def render_cuda(plt) -> None:
     speed.set_xticks(range(len(speed_shapes)), [sh.replace(": ", "\n") for sh in speed_shapes],
                      fontsize=6, rotation=30, ha="right")  # fmt: skip
     speed.set_ylabel("TFLOPS (higher is better)")
-    speed.set_title(f"cuda backend on one {SIDE_BY_SIDE_GPU}, side by side in one run")
+    speed.set_title(f"cuda backend on one {gpu}, side by side in one run")
     speed.grid(True, axis="y", alpha=0.3)
     speed.set_ylim(0, 1050)
     speed.legend(fontsize=7, loc="upper left", ncol=4)

@@ -47,11 +47,14 @@ DIT_Q16_PROVIDERS = ["sage"]
 
 
 def rows_for(shapes, providers, dit, rounds, q_scale_rows=32, timing=()):
+    import torch
+
+    gpu = torch.cuda.get_device_name()  # the CSV names its card (render_figures' title)
     out = []
     for label, b, h, s, d, causal in shapes:
         args = parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows, timing)
         for r in bench.run(args):
-            out.append({"shape": label, **r})
+            out.append({"shape": label, "gpu": gpu, **r})
             print(
                 f"# {label}: {r['provider']} {r['tflops']:.0f} TFLOPS, rel L2 {r['rel_l2']:.4f}",
                 flush=True,
