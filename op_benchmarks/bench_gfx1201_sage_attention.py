@@ -25,14 +25,14 @@ Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value
 (the sage providers quantize K minus its mean), --q_scale_rows (32: upstream's Q scale per 32
 rows; 16: the sage providers' q_scale_rows=16), --dit (DiT-like inputs, see make_inputs), each a
 CSV column. Timing: warm-up calls, then `--rounds` rounds in which every provider runs `--iters`
-timed calls in turn (interleaved, so drift hits all alike). Each round starts one provider later
-(round_order); on a GPU each provider's timed calls follow untimed calls of its own, and both
-last at least `--window_ms` (GPU_WINDOW_MS): a power-capped GPU's clocks depend on what ran
-just before, and short bursts after an idle gap run above the clocks of sustained use. The
-median per-call time over rounds is reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for
-causal: the work a causal kernel does). With --compare_to_ref each provider's output is also
-scored against the FP32 reference: cosine, relative L2, and % of elements outside the band
-(atol 0.3, rtol 0.25).
+timed calls in turn (interleaved, so drift hits all alike), in an order that changes every round
+so that each provider runs in every position and after every other (round_order); on a GPU each
+provider's timed calls follow untimed calls of its own, and both last at least `--window_ms`
+(GPU_WINDOW_MS): a power-capped GPU's clocks depend on what ran just before, and short bursts
+after an idle gap run above the clocks of sustained use. The median per-call time over rounds is
+reported. TFLOPS = 4 * B * H * S^2 * D / t (halved for causal: the work a causal kernel does).
+With --compare_to_ref each provider's output is also scored against the FP32 reference: cosine,
+relative L2, and % of elements outside the band (atol 0.3, rtol 0.25).
 
 The backend is the best present (an RDNA4 or Hopper GPU, else the CPU); --backend picks one.
 On a GPU the FP32 reference of --compare_to_ref runs on the GPU (SDPA in float32 through the
@@ -244,10 +244,20 @@ QUEUE_AHEAD_CYCLES = 5_000_000
 
 
 def round_order(names, r):
-    """The providers of round r: `names` rotated left by r (r mod len): with as many rounds as
-    providers, each runs once in every position of a round."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
+    """The providers of round r, a Williams design: row r of a Latin square whose first row
+    takes the providers 0, 1, n-1, 2, n-2, ... and whose later rows add r (mod n) to each; with
+    an odd count n, rounds n..2n-1 run those rows reversed. Over n rounds (2n when n is odd)
+    each provider runs once (twice) in every position and right after each other provider once
+    (twice): a power-capped GPU's clocks depend on what ran just before, and a plain rotation
+    kept each provider behind the same one in nearly every round."""
+    n = len(names)
+    if n == 0:
+        return []
+    first = [0]
+    for i in range(1, n):
+        first.append((i + 1) // 2 if i % 2 else n - i // 2)
+    row = [names[(x + r) % n] for x in first]
+    return row[::-1] if n % 2 and (r // n) % 2 else row
 
 
 def time_interleaved(calls, device, warmup, iters, rounds, rotate=True, lead_in=0, window=None):
@@ -268,7 +278,7 @@ def time_interleaved(calls, device, warmup, iters, rounds, rotate=True, lead_in=
         counts[name] = (max(lead_in, fill), max(iters, fill))
     samples = {name: [] for name in calls}
     for r in range(rounds):
-        for name in round_order(list(calls), r if rotate else 0):
+        for name in round_order(list(calls), r) if rotate else list(calls):
             fn, (lead, timed) = calls[name], counts[name]
             synchronize(device)
             if device == "cpu":
@@ -480,7 +490,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--fixed_order",
         action="store_true",
-        help="every round in the providers' listed order (no rotation; shows the order's effect)",
+        help="every round in the providers' listed order (shows the order's effect)",
     )
     p.add_argument(
         "--lead_in",

@@ -193,6 +193,13 @@ struct Traits {
   // sage_core, alternating with the previous build in one call: S 32k 835 -> 847 TFLOPS, D 64
   // S 16k 571 -> 575).
   static constexpr bool kPackInSoftmax = kSerial;
+  // softmax_tile scales O by alpha (rescale_o) as soon as alpha is known, before the
+  // numerators, so that the vote, its branch and the FMULs overlap the exponentials rather than
+  // follow them: the serial kernel only, where no PV wgmma (O's writer) is in flight during the
+  // softmax. H100 B1 H24 sage_core, five builds alternating in one call: D 64 S 16k 577 -> 588
+  // and 576 -> 587 TFLOPS, D 128 level (837 -> 840 and 834 -> 835 at 16k, 857 -> 854 and
+  // 851 -> 852 at 32k).
+  static constexpr bool kRescaleInSoftmax = kSerial;
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s]; then the serial kernels'
   // release counters (Smem::released), one 8-byte slot each for stage s's K and V.
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
@@ -606,6 +613,20 @@ __device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::k
   for (int kb = 0; kb < T::kPvSteps; ++kb) pack_p_step<T>(f, pa, kb);
 }
 
+// O *= alpha only where a row's running max moved (alpha = exp2(0) = 1 exactly otherwise, and
+// x * 1 = x): a warp-uniform branch, taken on a minority of tiles once the max has settled
+// (H200, B1 H24 D128: 718 -> 728 TFLOPS at S 16k, 757 -> 777 at 32k). Unconditional, as
+// SageAttention2 does it, the serial kernel measured 2-3 % slower (H100 sage_core, on a build with
+// the masked tiles in a loop of their own: S 16k 826 -> 808 and 812, 32k 847 -> 824 and 845 ->
+// 823). No PV wgmma may be in flight (O is its accumulator).
+template <class T>
+__device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2]) {
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
+  }
+}
+
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
 //
@@ -666,6 +687,7 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
     c.m[h] = mn;
     neg[h] = kExpOffset - (mn == -INFINITY ? 0.0f : mn);
   }
+  if constexpr (T::kRescaleInSoftmax) rescale_o(c, alpha);
   // Each row half's sum in four partial chains (chunk ch goes to chain ch % 4): one chain of 32
   // dependent FADDs waited out the FADD latency at every step.
   float sum[2][4] = {};
@@ -834,18 +856,6 @@ __device__ __forceinline__ void softmax_any_tile(const SageParams& pk, Consumer<
     softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
 }
 
-// O *= alpha only where a row's running max moved (alpha = exp2(0) = 1 exactly otherwise, and
-// x * 1 = x): a warp-uniform branch, taken on a minority of tiles once the max has settled
-// (H200, B1 H24 D128: 718 -> 728 TFLOPS at S 16k, 757 -> 777 at 32k). No PV wgmma may be in
-// flight (O is its accumulator).
-template <class T>
-__device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2]) {
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int i = 0; i < Consumer<T>::kOAcc; ++i) c.o[i] *= alpha[(i >> 1) & 1];
-  }
-}
-
 // The overlapped key loop (Traits::kSerial false): QK of tile j in flight with PV of tile j-1.
 template <class T>
 __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const Work& w,
@@ -995,7 +1005,7 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     // the warpgroup's first row from c.row0, not kept across the loop (with three warpgroups
     // per CTA that cost a spill)
     softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);  // and P
-    rescale_o(c, alpha);
+    if constexpr (!T::kRescaleInSoftmax) rescale_o(c, alpha);
     mbar_wait(sm.full_v(st), phase);
     {
       PvDesc<T> vd = pv_desc<T>(db, st);

@@ -6,6 +6,7 @@ import csv
 import math
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
@@ -126,7 +127,7 @@ def test_sage2_providers_say_why_they_are_absent(tmp_path):
 @pytest.mark.parametrize("rotate,lead_in", [(True, 2), (False, 0)])
 def test_timing_rounds_rotate_and_lead_in_with_the_providers_own_calls(rotate, lead_in):
     """Each round times every provider once, its `lead_in` untimed calls right before its
-    `iters` timed ones; rotated rounds start one provider later each, so over as many rounds as
+    `iters` timed ones; with `rotate` the rounds follow round_order, so over as many rounds as
     providers each provider runs once in every position (fixed: always the listed order)."""
     sys.path.insert(0, str(REPO / "op_benchmarks"))
     import bench_gfx1201_sage_attention as bench
@@ -148,9 +149,32 @@ def test_timing_rounds_rotate_and_lead_in_with_the_providers_own_calls(rotate, l
     if rotate:
         for pos in range(len(names)):
             assert sorted(r[pos] for r in rounds) == names
-        assert rounds[1] == names[1:] + names[:1]
+        assert rounds == [bench.round_order(names, r) for r in range(len(names))]
     else:
         assert all(r == names for r in rounds)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6])
+def test_round_order_balances_positions_and_predecessors(n):
+    """round_order is a Williams design: over n rounds (2n for odd n) every provider runs equally
+    often in every position and right after every other provider, so no provider is always
+    timed behind the same one (a power-capped GPU's clocks carry over from the provider before)."""
+    sys.path.insert(0, str(REPO / "op_benchmarks"))
+    import bench_gfx1201_sage_attention as bench
+
+    names = [f"p{i}" for i in range(n)]
+    cycle = n if n % 2 == 0 else 2 * n
+    rows = [bench.round_order(names, r) for r in range(cycle)]
+    assert all(sorted(row) == names for row in rows)
+    positions = Counter((p, i) for row in rows for i, p in enumerate(row))
+    assert set(positions.values()) == {cycle // n}
+    assert len(positions) == n * n
+    if n > 1:
+        pairs = Counter(pair for row in rows for pair in zip(row, row[1:]))
+        assert len(pairs) == n * (n - 1)  # every ordered pair of distinct providers
+        assert set(pairs.values()) == {cycle // n}
+    assert bench.round_order(names, cycle) == rows[0]  # periodic
+    assert bench.round_order([], 3) == []
 
 
 def test_timing_window_fills_lead_in_and_timed_calls_to_its_length():
