@@ -977,6 +977,8 @@ __device__ __forceinline__ bool last_to_release(int* counter) {
 template <class T>
 __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps& maps,
                                                 const Work& w, const Smem<T>& sm, Consumer<T>& c) {
+  static_assert(T::kPackInSoftmax && T::kRescaleInSoftmax,
+                "the serial loop leaves P's packing and O's rescale to softmax_tile");
   const int wg = T::kWgs == 1 ? 0 : int(threadIdx.x) / kWgThreads;
   const DescBase db = desc_base(sm, wg);
   int s[64];
@@ -1002,10 +1004,9 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     wgmma_wait<0>();
     reg_fence(s);
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
-    // the warpgroup's first row from c.row0, not kept across the loop (with three warpgroups
-    // per CTA that cost a spill)
-    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);  // and P
-    if constexpr (!T::kRescaleInSoftmax) rescale_o(c, alpha);
+    // The softmax, P packed and O rescaled with it; the warpgroup's first row from c.row0, not
+    // kept across the loop (with three warpgroups per CTA that cost a spill).
+    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);
     mbar_wait(sm.full_v(st), phase);
     {
       PvDesc<T> vd = pv_desc<T>(db, st);
