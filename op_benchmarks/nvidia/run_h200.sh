@@ -9,7 +9,9 @@
 #                  attention kernel's measurement-only schedules at S 4608 / 16k / 32k, beside SA2:
 #                  VARIANTS="default shared192 ..." names AITER_SAGE_CUDA_SCHEDULE's values),
 #                  export_sage2 (SageAttention2's built sm90 modules to $OUT, for SAGE2_SRC
-#                  of a later call).
+#                  of a later call), ceiling (op_benchmarks/nvidia/ceiling.py: the attention
+#                  kernel beside its copies without the softmax and without the wgmmas, D 128
+#                  and D 64).
 set -o pipefail
 OUT=${OUT:-./h200_out}; mkdir -p "$OUT"
 export CXX=${CXX:-/usr/bin/g++} AITER_SAGE_CACHE_DIR=${AITER_SAGE_CACHE_DIR:-/tmp/c} PYTHONUNBUFFERED=1
@@ -74,6 +76,10 @@ if stage bench; then
   wait_sage2
   python3 op_benchmarks/nvidia/side_by_side.py ${QUICK:+--quick} -o "$OUT/side_by_side.csv" \
     2>&1 | tee "$OUT/bench.log"
+fi
+if stage ceiling; then
+  python3 op_benchmarks/nvidia/ceiling.py -s 16384 32768 2>&1 | tee "$OUT/ceiling.log"
+  python3 op_benchmarks/nvidia/ceiling.py -s 16384 --head_dim 64 2>&1 | tee -a "$OUT/ceiling.log"
 fi
 if stage export_sage2; then
   wait_sage2
