@@ -109,6 +109,19 @@ def test_attention_peaked_scores_in_band(backend):
     check_band(run(backend, q, k, v, 0.3), q, k, v, 0.3)
 
 
+@pytest.mark.parametrize("backend", backend_params())
+def test_row_maxima_jumping_hundreds_of_binades_after_the_first_tiles(backend):
+    """Each query row's own key (k = q + noise, |q|^2 ~ 512) gives a score ~220 binades above
+    the first 256 keys' (scaled to ~0): a row's running maximum jumps by more than FP32's
+    exponent range in the middle of the key loop, after whole tiles of tiny scores."""
+    q, _, v = qkv(1, 640, 640, 2, seed=23)
+    q = (2 * q.float()).to(torch.bfloat16)
+    k = q.float() + 0.6 * randn_bshd(1, 640, 2, seed=24).float()
+    k[:, :256] *= 1e-3
+    k = k.to(torch.bfloat16)
+    check_band(run(backend, q, k, v, 0.3), q, k, v, 0.3)
+
+
 # ---- the kernels against the step-by-step model ---------------------------------------------
 @pytest.mark.parametrize("backend", backend_params())
 def test_fwd_matches_the_model_at_the_kernel_tile(backend):
