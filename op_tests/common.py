@@ -8,6 +8,7 @@ clang and the gfx12 sources exist, `gfx12` on an RDNA4 GPU, `cuda` on a Hopper G
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ if str(REPO) not in sys.path:  # runnable from a checkout without installing
 
 import aiter_sage  # noqa: E402
 from aiter_sage import backends, jit_driver, ref  # noqa: E402
-from aiter_sage.builder import toolchains  # noqa: E402
+from aiter_sage.builder import paths, toolchains  # noqa: E402
 
 
 def present_backends() -> list[str]:
@@ -227,3 +228,44 @@ def count_router_calls(monkeypatch=None) -> dict:
         else:
             monkeypatch.setattr(router, name, fn)
     return seen
+
+
+# ---- the cuda sources without a GPU (nvcc with the JIT's flags) ----------------------------
+def nvcc_or_fail() -> str:
+    nvcc = toolchains._nvcc()
+    if not nvcc:
+        pytest.fail("nvcc (CUDA 12.3+) is needed to compile the cuda sources; set NVCC/CUDA_HOME")
+    return nvcc
+
+
+def nvcc_module(module: str, extra: tuple[str, ...], cwd, csrc: Path | None = None) -> str:
+    """nvcc with the JIT's flags for `module` plus `extra`; returns stdout + stderr. `csrc`: a
+    copy of the sources to compile instead of the repository's (its include paths too)."""
+    spec = jit_driver.module_table().MODULES[module]
+    tc = jit_driver.toolchain_for("sm_90")
+    flags = [*tc.cflags, *paths._spec_flags(spec, "cuda")]
+    src = jit_driver.csrc_dir() / spec.sources["cuda"][0]
+    if csrc is not None:
+        flags = [f.replace(str(jit_driver.csrc_dir()), str(csrc)) for f in flags]
+        src = Path(csrc) / spec.sources["cuda"][0]
+    cmd = [tc.compiler, *flags, *extra, str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def cuda_attention_kernels(ptx: str) -> dict[tuple[int, bool, bool, int], str]:
+    """(head dim, FP16 P.V, serial schedule, consumer warpgroups) -> the PTX of the non-ping-pong
+    attention kernel of that variant, from the mangled names of attention_kernel<Traits<kDp,
+    kStages, kPingPong, kPv16, kWgs, kOHomeTiles, kSerial>>."""
+    found = {}
+    for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
+        m = re.match(
+            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi(\d+)ELi\d+ELb([01])E",
+            part,
+        )
+        assert m, part[:200]
+        if m.group(2) == "0":
+            key = (int(m.group(1)), m.group(3) == "1", m.group(5) == "1", int(m.group(4)))
+            found[key] = part
+    return found

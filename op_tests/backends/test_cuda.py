@@ -26,38 +26,27 @@ import torch
 
 import aiter_sage
 from aiter_sage import jit_driver, ref
-from aiter_sage.builder import paths, toolchains
+from aiter_sage.builder import paths
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import REPO, child_json, skip_no_hardware  # noqa: F401  (puts the repo on sys.path)
-
-
-def _nvcc_or_fail() -> str:
-    nvcc = toolchains._nvcc()
-    if not nvcc:
-        pytest.fail("nvcc (CUDA 12.3+) is needed to compile the cuda sources; set NVCC/CUDA_HOME")
-    return nvcc
-
-
-def _compile(module: str, extra: tuple[str, ...], tmp_path) -> str:
-    """nvcc with the JIT's flags for `module` plus `extra`; returns stdout + stderr."""
-    spec = jit_driver.module_table().MODULES[module]
-    tc = jit_driver.toolchain_for("sm_90")
-    src = jit_driver.csrc_dir() / spec.sources["cuda"][0]
-    cmd = [tc.compiler, *tc.cflags, *paths._spec_flags(spec, "cuda"), *extra, str(src)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout + proc.stderr
+from common import (  # noqa: F401  (puts the repo on sys.path)
+    REPO,
+    child_json,
+    cuda_attention_kernels,
+    nvcc_module,
+    nvcc_or_fail,
+    skip_no_hardware,
+)
 
 
 @pytest.fixture(scope="module")
 def attention_build(tmp_path_factory):
-    _nvcc_or_fail()
+    nvcc_or_fail()
     tmp = tmp_path_factory.mktemp("cuda_attention")
-    log = _compile(
+    log = nvcc_module(
         "module_gfx1201_sage_attention", ("-cubin", "--resource-usage", "-o", "a.cubin"), tmp
     )
-    _compile("module_gfx1201_sage_attention", ("-ptx", "-o", "a.ptx"), tmp)
+    nvcc_module("module_gfx1201_sage_attention", ("-ptx", "-o", "a.ptx"), tmp)
     return log, (tmp / "a.ptx").read_text()
 
 
@@ -72,26 +61,9 @@ def _frames(log: str) -> dict[str, tuple[int, int, int]]:
     return {name: tuple(map(int, rest)) for name, *rest in re.findall(SPILL_LINE, log)}
 
 
-def _kernels(ptx: str) -> dict[tuple[int, bool, bool, int], str]:
-    """(head dim, FP16 P.V, serial schedule, consumer warpgroups) -> the PTX of the non-ping-pong
-    attention kernel of that variant, from the mangled names of attention_kernel<Traits<kDp,
-    kStages, kPingPong, kPv16, kWgs, kOHomeTiles, kSerial>>."""
-    found = {}
-    for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
-        m = re.match(
-            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi(\d+)ELi\d+ELb([01])E",
-            part,
-        )
-        assert m, part[:200]
-        if m.group(2) == "0":
-            key = (int(m.group(1)), m.group(3) == "1", m.group(5) == "1", int(m.group(4)))
-            found[key] = part
-    return found
-
-
 def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
-    kernels = _kernels(ptx)
+    kernels = cuda_attention_kernels(ptx)
     # the default FP8 kernels are the serial ones (one warpgroup per CTA); the overlapped ones
     # and D 128's three-warpgroup serial kernel stay for the AITER_SAGE_CUDA_SCHEDULE knob
     assert set(kernels) == {
@@ -139,10 +111,10 @@ def test_attention_wgmmas_are_not_serialized(attention_build):
 
 
 def test_prepare_compiles_without_contraction(tmp_path):
-    _nvcc_or_fail()
+    nvcc_or_fail()
     spec = jit_driver.module_table().MODULES["module_gfx1201_sage_prepare"]
     assert "--fmad=false" in paths._spec_flags(spec, "cuda")
-    log = _compile("module_gfx1201_sage_prepare", ("-ptx", "-o", "p.ptx"), tmp_path)
+    log = nvcc_module("module_gfx1201_sage_prepare", ("-ptx", "-o", "p.ptx"), tmp_path)
     ptx = (tmp_path / "p.ptx").read_text()
     # quant.h's fma_exact (v_quant's exact residual) is the one FMA asked for, in marked asm
     exact = re.compile(r"\{ // sage: fma_exact\s*fma\.rn\.f32[^;]*;\s*\}")
@@ -159,8 +131,8 @@ def test_prepare_default_path_has_no_spills(tmp_path):
     issued ~54 instructions per element (H200, B1 H24 S16384: 210 us), which is why those calls
     get builds without them. The fused qk kernels (RMSNorm / RoPE asked for) are the only ones
     allowed to spill."""
-    _nvcc_or_fail()
-    log = _compile(
+    nvcc_or_fail()
+    log = nvcc_module(
         "module_gfx1201_sage_prepare", ("-cubin", "--resource-usage", "-o", "p.cubin"), tmp_path
     )
     frames = _frames(log)
@@ -177,7 +149,7 @@ def test_e4m3_hardware_encoder_matches_bit_level(tmp_path):
     """sage_e4m3_sat (cvt.rn.satfinite + the NaN sign) == quant.h's f32_to_e4m3_sat for all
     2^32 floats: the CUDA v_quant uses the former, the host tests hold the latter to ref.py.
     Compiled everywhere; run on an sm_90 GPU."""
-    nvcc = _nvcc_or_fail()
+    nvcc = nvcc_or_fail()
     exe = tmp_path / "e4m3_probe"
     src = REPO / "op_tests" / "cuda_probes" / "e4m3_probe.cu"
     inc = REPO / "csrc" / "include"

@@ -10,16 +10,13 @@ copy-and-bench plumbing runs end to end on the cpu backend.
 from __future__ import annotations
 
 import importlib.util
-import re
-import subprocess
 
 import pytest
 
-from aiter_sage import jit_driver
-from aiter_sage.builder import paths, toolchains
+from aiter_sage.builder import paths
 
 import _op_tests  # noqa: F401  (op_tests/ and its groups on sys.path)
-from common import REPO
+from common import REPO, cuda_attention_kernels, nvcc_module, nvcc_or_fail
 
 _spec = importlib.util.spec_from_file_location("ceiling", REPO / "op_benchmarks/nvidia/ceiling.py")
 ceiling = importlib.util.module_from_spec(_spec)
@@ -39,35 +36,18 @@ def test_each_edit_matches_the_kernel_once():
             ceiling.strip(source + edits[0][0], variant)
 
 
-def _serial_kernels(ptx: str) -> dict[str, str]:
-    """mangled name -> PTX body of each serial FP8 attention kernel (Traits' last flag set)."""
-    out = {}
-    for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
-        name = re.match(r"\.visible \.entry (\S+?)\(", part).group(1)
-        if re.search(r"TraitsILi\d+ELi\d+ELb0ELb0ELi\d+ELi\d+ELb1E", name):
-            out[name] = part
-    return out
-
-
 @pytest.fixture(scope="module")
 def stripped_ptx(tmp_path_factory):
-    if not toolchains._nvcc():
-        pytest.fail("nvcc (CUDA 12.3+) is needed to compile the cuda sources; set NVCC/CUDA_HOME")
-    spec = jit_driver.module_table().MODULES["module_gfx1201_sage_attention"]
-    tc = jit_driver.toolchain_for("sm_90")
-    csrc = str(jit_driver.csrc_dir())
+    """variant -> {(head dim, warpgroups): PTX} of its serial FP8 attention kernels."""
+    nvcc_or_fail()
     ptx = {}
     for variant in ("default", "mma", "softmax"):
         tmp = tmp_path_factory.mktemp(variant)
         copy = ceiling.make_copy(variant, tmp / "repo")
-        flags = [
-            f.replace(csrc, str(copy / "csrc"))
-            for f in (*tc.cflags, *paths._spec_flags(spec, "cuda"))
-        ]
-        cmd = [tc.compiler, *flags, "-ptx", "-o", str(tmp / "a.ptx"), str(copy / ceiling.KERNEL)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        ptx[variant] = _serial_kernels((tmp / "a.ptx").read_text())
+        module = "module_gfx1201_sage_attention"
+        nvcc_module(module, ("-ptx", "-o", "a.ptx"), tmp, csrc=copy / "csrc")
+        kernels = cuda_attention_kernels((tmp / "a.ptx").read_text())
+        ptx[variant] = {(d, wgs): body for (d, _, serial, wgs), body in kernels.items() if serial}
     return ptx
 
 
