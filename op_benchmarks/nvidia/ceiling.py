@@ -98,8 +98,10 @@ def bench(
     tree: Path, bench_args: list[str], backend: str = "cuda", cache: Path | None = None
 ) -> dict[int, float]:
     """sequence length -> ms per call of sage_core, from the benchmark run inside `tree` (its
-    JIT cache: `cache`, by default the tree's own, so the copies never share a module)."""
-    env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache or tree / ".jit_cache"))
+    JIT cache: `cache`, by default one per copy beside it, which make_copy leaves in place, so
+    the copies never share a module and a later run of the same copy builds nothing)."""
+    cache = cache or tree.parent / f"{tree.name}.jit_cache"  # modules are keyed by content
+    env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache))
     cmd = [sys.executable, "op_benchmarks/bench_gfx1201_sage_attention.py", "--backend", backend]
     cmd += ["--providers", "sage_core", *bench_args]
     out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
