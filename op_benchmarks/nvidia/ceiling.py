@@ -21,8 +21,8 @@ perfect overlap the default would take max(t_mma, t_softmax); with none, their s
 """
 
 import argparse
+import csv
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -102,16 +102,14 @@ def bench(
     the copies never share a module and a later run of the same copy builds nothing)."""
     cache = cache or tree.parent / f"{tree.name}.jit_cache"  # modules are keyed by content
     env = dict(os.environ, AITER_SAGE_CACHE_DIR=str(cache))
+    rows = tree / "ceiling_rows.csv"  # the benchmark's own CSV (-o), not its printed table
     cmd = [sys.executable, "op_benchmarks/bench_gfx1201_sage_attention.py", "--backend", backend]
-    cmd += ["--providers", "sage_core", *bench_args]
-    out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
-    header = next(line for line in out.stdout.splitlines() if line.startswith("| backend |"))
-    cols = [c.strip() for c in header.strip("|").split("|")]
-    ms = {}
-    for line in re.findall(rf"^\| {backend} \|.*$", out.stdout, flags=re.M):
-        row = dict(zip(cols, (c.strip() for c in line.strip("|").split("|"))))
-        ms[int(row["S"])] = float(row["ms"])
-    return ms
+    cmd += ["--providers", "sage_core", "-o", str(rows), *bench_args]
+    subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+    with open(rows, newline="") as f:
+        return {
+            int(r["S"]): float(r["ms"]) for r in csv.DictReader(f) if r["provider"] == "sage_core"
+        }
 
 
 def main() -> None:
