@@ -102,12 +102,16 @@ def test_attention_has_no_spills(attention_build):
 
 
 def test_attention_wgmmas_are_not_serialized(attention_build):
-    """ptxas C7513: a non-wgmma instruction defining an input register of an in-flight wgmma
-    makes ptxas wait for every wgmma right after its issue, losing the overlap of Q.K^T(j) and
-    the softmax with P.V(j-1) (sage_core at S = 16k, D = 128 on an H200: 394 TFLOPS serialized,
-    557-572 without)."""
+    """ptxas serializes a kernel's wgmmas (a wait right after each one's issue, every k step of
+    Q.K^T and P.V alike) when it cannot keep them in flight, and says so only in an info line:
+    C7513, a non-wgmma instruction defining an input register of an in-flight wgmma (the
+    overlapped kernel lost the overlap of Q.K^T(j) and the softmax with P.V(j-1): sage_core at
+    S = 16k, D = 128 on an H200, 394 TFLOPS serialized, 557-572 without); C7512, too few
+    registers for the wgmma pipeline (the serial kernel with its P.V issued while the softmax
+    still ran, at 168 registers: it would have lost the overlap of every k step)."""
     log, _ = attention_build
     assert "C7513" not in log, log
+    assert "wgmma.mma_async instructions are serialized" not in log, log
 
 
 def test_prepare_compiles_without_contraction(tmp_path):
