@@ -19,6 +19,11 @@ Providers
              smooth_k on and off, when the real `sageattention` package is importable on a
              Hopper GPU (run_h200.sh builds it from a given copy of its source); timed exactly
              like the others
+  fa3_fp8    FlashAttention-3's FP8 forward kernel alone (flash_attn_interface.flash_attn_func on
+             e4m3 copies of q, k, v made before timing, descale 1; it transposes V inside its
+             kernel), when FlashAttention-3 is importable on a Hopper GPU (build_fa3.sh builds
+             one): the fastest public FP8 attention kernel, the ceiling to read sage_core
+             against (its accuracy is not the contract's: Q and K in e4m3, unscaled)
 
 Problem options: --dtype, --head_dim, --causal, --gqa (query heads per key/value head),
 --pv_dtype (fp8: upstream's FP8 P·V; fp16: FP16 P·V, the sage providers' pv_dtype), --smooth_k
@@ -71,7 +76,9 @@ PROVIDERS = (
     "sdpa_efficient",
     "sage2",
     "sage2_nosmooth",
+    "fa3_fp8",
 )
+EXTERNAL_PROVIDERS = ("sage2", "sage2_nosmooth", "fa3_fp8")  # other projects' kernels
 SAGE2_PROVIDERS = {"sage2": True, "sage2_nosmooth": False}  # name -> smooth_k
 SAGE2_Q_SCALE_ROWS = 16  # its per_warp Q granularity on sm90 (the q_scale_rows column)
 SDPA_BACKENDS = {
@@ -151,6 +158,16 @@ def sage2_module():
     return sageattention
 
 
+def fa3_module():
+    """FlashAttention-3's Python interface (flash_attn_interface, with its flash_attn_3._C
+    kernels) if importable, else None."""
+    try:
+        import flash_attn_interface
+    except Exception:  # absent, or built for another GPU / torch
+        return None
+    return flash_attn_interface if hasattr(flash_attn_interface, "flash_attn_func") else None
+
+
 def pad_mask(b, s, kept, device):
     """Keys padded at the end: the first `kept` of each entry's `s` keys are real. Returns the
     per-entry lengths (int32 [B], the kernels' form) and SDPA's boolean [B, 1, 1, S] mask."""
@@ -218,6 +235,12 @@ def provider_calls(
                 q, k, v, tensor_layout="NHD", is_causal=causal, qk_quant_gran="per_warp",
                 sm_scale=scale, pv_accum_dtype="fp32+fp32", smooth_k=smooth,
             )  # fmt: skip
+    fa3 = fa3_module() if q.is_cuda and not masked else None
+    if fa3 is not None:
+        q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+        calls["fa3_fp8"] = lambda: fa3.flash_attn_func(
+            q8, k8, v8, softmax_scale=scale, causal=causal
+        )
     if masked:
         kk, vk = k[:, :kept], v[:, :kept]
         kept_kw = dict(pv_dtype=pv_dtype, backend=backend)
@@ -331,7 +354,7 @@ def run(args):
     default = (
         PROVIDERS
         if backend == "cuda"
-        else tuple(p for p in PROVIDERS if p not in SDPA_BACKENDS and p not in SAGE2_PROVIDERS)
+        else tuple(p for p in PROVIDERS if p not in SDPA_BACKENDS and p not in EXTERNAL_PROVIDERS)
     )
     providers = args.providers or list(default)
     dtype = DTYPES[args.dtype]
@@ -363,11 +386,12 @@ def run(args):
             for n, f in provider_calls(q, k, v, scale, backend, *options).items()
             if n in providers
         }
-        missing = [n for n in SAGE2_PROVIDERS if n in providers and n not in calls]
+        missing = [n for n in EXTERNAL_PROVIDERS if n in providers and n not in calls]
         if missing and s == seqs[0]:
             print(
                 f"# {', '.join(missing)}: skipped (needs SageAttention2's sageattention package "
-                "with its sm90 kernel on a Hopper GPU, and no --mask-pad)"
+                "with its sm90 kernel, or FlashAttention-3's flash_attn_interface, on a Hopper "
+                "GPU, and no --mask-pad)"
             )
         window_ms = args.window_ms
         if window_ms is None:
@@ -404,7 +428,9 @@ def run(args):
                 gqa=args.gqa,
                 kept_keys=keys,
                 pv_dtype=args.pv_dtype,
-                smooth_k=SAGE2_PROVIDERS.get(name, args.smooth_k),
+                smooth_k=SAGE2_PROVIDERS.get(
+                    name, args.smooth_k and name not in EXTERNAL_PROVIDERS
+                ),
                 q_scale_rows=SAGE2_Q_SCALE_ROWS if name in SAGE2_PROVIDERS else args.q_scale_rows,
                 dit=args.dit,
                 provider=sdpa_name if name == "sdpa" else name,
@@ -522,7 +548,9 @@ def main(argv=None):
             w.writeheader()
             w.writerows(rows)
     ours = [
-        r for r in rows if r["provider"].startswith("sage") and r["provider"] not in SAGE2_PROVIDERS
+        r
+        for r in rows
+        if r["provider"].startswith("sage") and r["provider"] not in EXTERNAL_PROVIDERS
     ]
     if args.compare_to_ref and not all(r["in_band"] for r in ours):
         print("# FAIL: an aiter_sage output is outside the accuracy band", file=sys.stderr)

@@ -4,6 +4,9 @@
 #   SAGE2_SRC=DIR  a copy of SageAttention2's source (its setup.py, csrc/, sageattention/; not
 #                  part of this repository): built for sm_90a in the background while the tests
 #                  run, then benchmarked beside ours (op_benchmarks/nvidia/side_by_side.py).
+#   FA3_PKG=DIR    FlashAttention-3's FP8 forward as built by build_fa3.sh (its kernels compiled
+#                  where nvcc is, carried here): linked on this machine, then benchmarked beside
+#                  ours as fa3_fp8, the fastest public FP8 attention kernel.
 #   STAGE="tests bench" (all: both)  also: profile (torch-profiler kernel times, Nsight Compute
 #                  metrics of ours and SageAttention2's attention kernels), variants (the
 #                  attention kernel's measurement-only schedules at S 4608 / 16k / 32k, beside SA2:
@@ -32,6 +35,13 @@ if [[ -n $SAGE2_SRC && -f $SAGE2_SRC/setup.py ]]; then
     SAGE2_PID=$!
   fi
   export PYTHONPATH=$SAGE2_SRC${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [[ -n $FA3_PKG ]]; then
+  if bash op_benchmarks/nvidia/build_fa3.sh "$FA3_PKG" >"$OUT/fa3_build.log" 2>&1; then
+    export PYTHONPATH=$(cd "$FA3_PKG" && pwd)${PYTHONPATH:+:$PYTHONPATH}
+  else
+    tail -5 "$OUT/fa3_build.log"
+  fi
 fi
 wait_sage2() {
   [[ -z $SAGE2_PID ]] && return

@@ -5,7 +5,8 @@ method (bench_gfx1201_sage_attention.py's), at the shapes the README's NVIDIA ta
     python3 op_benchmarks/nvidia/side_by_side.py [-o rows.csv] [--quick]
 
 Speed rows: randn inputs, providers sage (prepare + attention), sage_core (attention alone),
-sage2 / sage2_nosmooth (SageAttention2 with its smooth_k on / off, quantization included) and
+sage2 / sage2_nosmooth (SageAttention2 with its smooth_k on / off, quantization included),
+fa3_fp8 (FlashAttention-3's FP8 kernel alone, when built: run_h200.sh's FA3_PKG) and
 sdpa_cudnn, every output scored against the FP32 reference. Accuracy rows (--dit): DiT-like
 inputs with smooth_k on both sides, ours also with q_scale_rows=16 (SageAttention2's 16-row Q
 blocks). Prints one markdown table per kind; the last column of the
@@ -41,7 +42,7 @@ DIT_SHAPES = (
 )
 # The same DiT rows with our q_scale_rows=16 (SageAttention2 is measured once, above).
 DIT_Q16_SHAPES = tuple((f"{label}, q_scale_rows 16", *rest) for label, *rest in DIT_SHAPES)
-SPEED_PROVIDERS = ["sage", "sage_core", "sage2", "sage2_nosmooth", "sdpa_cudnn"]
+SPEED_PROVIDERS = ["sage", "sage_core", "sage2", "sage2_nosmooth", "fa3_fp8", "sdpa_cudnn"]
 DIT_PROVIDERS = ["sage", "sage2"]
 DIT_Q16_PROVIDERS = ["sage"]
 

@@ -109,17 +109,18 @@ def test_q_scale_rows_reaches_every_sage_provider(tmp_path):
         assert b["in_band"] == "True" and a["rel_l2"] != b["rel_l2"], (a, b)
 
 
-def test_sage2_providers_say_why_they_are_absent(tmp_path):
-    """Without SageAttention2 (or off a Hopper GPU) the sage2 providers are left out with the
-    reason printed; the other providers still run."""
+def test_external_providers_say_why_they_are_absent(tmp_path):
+    """Without SageAttention2 and FlashAttention-3 (or off a Hopper GPU) their providers are
+    left out with the reason printed; the other providers still run."""
     out = tmp_path / "rows.csv"
     proc = subprocess.run(
         [sys.executable, str(BENCH), *TINY, "-n", "2", "--providers", "sage", "sage2",
-         "sage2_nosmooth", "-o", str(out)],
+         "sage2_nosmooth", "fa3_fp8", "-o", str(out)],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "sage2, sage2_nosmooth: skipped (needs SageAttention2" in proc.stdout
+    assert "sage2, sage2_nosmooth, fa3_fp8: skipped (needs SageAttention2" in proc.stdout
+    assert "FlashAttention-3's flash_attn_interface" in proc.stdout
     with open(out) as f:
         assert [r["provider"] for r in csv.DictReader(f)] == ["sage"]
 
