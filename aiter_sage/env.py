@@ -66,8 +66,9 @@ VARIABLES: tuple[EnvVar, ...] = (
         "AITER_SAGE_CUDA_SCHEDULE",
         "`default`",
         "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
-        "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns) or "
-        "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies)",
+        "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns), "
+        "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies) "
+        "or `wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules

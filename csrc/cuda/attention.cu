@@ -79,6 +79,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "sage/check.h"
 #include "sage/layout.h"
 #include "sage/static_switch.h"
@@ -91,8 +93,10 @@
 namespace sage {
 namespace sm90 {
 
-constexpr int kBlockN = 128;  // keys per KV tile
-constexpr int kWgRows = 64;   // query rows per consumer warpgroup
+// Keys per KV tile (Traits::kBlockN): 128 for every kernel so far. The layout math below takes
+// any multiple of 64 (two permuted TMA halves of K, see s_chunk) for wider tiles.
+constexpr int kDefaultBlockN = 128;
+constexpr int kWgRows = 64;  // query rows per consumer warpgroup
 constexpr int kWgThreads = 128;
 // setmaxnreg: the producer warpgroup (one thread issues the TMA copies) keeps few registers,
 // the consumer warpgroups share the rest (Traits::kConsumerRegs).
@@ -123,12 +127,16 @@ constexpr int kOHomeTiles = 16;
 
 template <int kDp, int kStages_, bool kPingPong_ = false, bool kPv16_ = false,
           int kWgs_ = default_consumer_wgs<kDp, kPingPong_, kPv16_>(),
-          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false>
+          int kOHomeTiles_ = kPv16_ || kWgs_ != 2 ? 0 : kOHomeTiles, bool kSerial_ = false,
+          int kBlockN_ = kDefaultBlockN>
 struct Traits {
   static constexpr int kDim = kDp;
   static constexpr int kStages = kStages_;
-  static constexpr int kWgs = kWgs_;              // consumer warpgroups
-  static constexpr int kBlockM = kWgRows * kWgs;  // query rows per CTA
+  static constexpr int kWgs = kWgs_;               // consumer warpgroups
+  static constexpr int kBlockM = kWgRows * kWgs;   // query rows per CTA
+  static constexpr int kBlockN = kBlockN_;         // keys per KV tile
+  static constexpr int kTileScores = kBlockN / 2;  // S values per consumer thread (64 rows / 128)
+  static constexpr int kScaleBlocks = kBlockN / SAGE_SCALE_BLOCK;  // K scale blocks per tile
   // The key loop's schedule (consume). Overlapped (kSerial false): a producer warpgroup's
   // thread copies K/V into a ring of stages, and each of kWgs consumer warpgroups keeps the QK
   // wgmma of tile j in flight with the PV of tile j-1, the softmax of j beside that PV; that
@@ -148,8 +156,10 @@ struct Traits {
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
   // __launch_bounds__' minimum: serial warpgroups per SM, three of 168 registers at D 128, four
   // of 128 at D 64 (O is 32 registers), in CTAs of kWgs.
-  static constexpr int kCtasPerSm = kSerial ? (kDp == 64 ? 4 : 3) / kWgs : 1;
-  static_assert(!kSerial || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
+  // A wider key tile (kBlockN 256: S alone is 128 registers) leaves one CTA per SM.
+  static constexpr bool kWide = kBlockN > kDefaultBlockN;
+  static constexpr int kCtasPerSm = kSerial && !kWide ? (kDp == 64 ? 4 : 3) / kWgs : 1;
+  static_assert(!kSerial || kWide || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
@@ -205,6 +215,7 @@ struct Traits {
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 5 * kStages) + 1024;  // + alignment
   static_assert(kDp == 64 || kDp == 128, "");
+  static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "two permuted K halves; wgmma n <= 256");
   static_assert(kVRowBytes % kSwizzleBytes == 0, "V tile rows are whole 128-byte swizzle rows");
   // Each 128-byte-swizzled part starts on a 1024-byte swizzle atom (the stage and the Q tile
   // are multiples of it too).
@@ -224,10 +235,12 @@ enum Schedule : int {
   kScheduleOverlap,    // the overlapped FP8 kernels
   kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
   kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+  kScheduleWide256,    // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
   kSchedules
 };
 // AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
-constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192"};
+constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
+                                                    "wide256"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -247,6 +260,17 @@ template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleShared192> {
   static constexpr int kWgs = kDp == 128 ? 3 : 1;
   using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
+};
+// Two serial warpgroups of 64 rows sharing each 256-key K/V copy on a two-stage ring, one CTA per
+// SM (up to 255 registers a thread: S is 128 of them). FlashAttention-3's FP8 kernel runs 7-9 %
+// faster with its 224-key tiles than with 128 (docs/perf/2026-12-06-cuda-fa3-fp8.md): the
+// softmax's per-tile work (maxima, shuffles, alpha, the wgmma issues and waits) spread over
+// twice the keys. D = 64 keeps the default kernel.
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleWide256> {
+  using type =
+      std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 2, kOHomeTiles, true, 256>,
+                         typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
 };
 template <int kDp, bool kPv16, int kSchedule>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
@@ -385,14 +409,15 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t lo, int row_bytes) {
   return (uint64_t(desc_hi(row_bytes)) << 32) | lo;
 }
 __host__ __device__ constexpr uint32_t desc_step(int bytes) { return uint32_t(bytes) >> 4; }
-// The S accumulator chunk (8 columns) that holds the keys of softmax chunk c (0..15, keys
-// s_col_key(c, ...)): with the FP8 kernels' permuted K rows chunk 8j + G for c = 2G + j (TMA
-// copy j of the tile fills shared K rows 64j..64j+63), natural order otherwise.
-template <bool kPermutedK = true>
+// The S accumulator chunk (8 columns) that holds the keys of softmax chunk c (0..kN/8 - 1, keys
+// s_col_key(c, ...)) of a kN-key tile: with the FP8 kernels' permuted K rows chunk kN/16 * j + G
+// for c = 2G + j (TMA copy j of the tile fills shared K rows kN/2 * j .. kN/2 * (j + 1) - 1),
+// natural order otherwise.
+template <bool kPermutedK = true, int kN = kDefaultBlockN>
 __host__ __device__ constexpr int s_chunk(int c) {
-  return kPermutedK ? 8 * (c & 1) + (c >> 1) : c;
+  return kPermutedK ? kN / 16 * (c & 1) + (c >> 1) : c;
 }
-// Tile key of softmax chunk c (0..15), element e, for thread t: with the FP8 kernels' permuted
+// Tile key of softmax chunk c, element e, for thread t: with the FP8 kernels' permuted
 // K rows, or (kPermutedK false, the FP16 P.V kernels) natural ones. Chunk c is P's: its four
 // values of a row pack into the A fragments in this order (pack_p).
 template <bool kPermutedK = true>
@@ -400,18 +425,22 @@ __host__ __device__ constexpr int s_col_key(int c, int t, int e) {
   return kPermutedK ? 16 * (c >> 1) + 4 * t + 2 * (c & 1) + e : 8 * c + 2 * t + e;
 }
 // Shared K row of (S accumulator) chunk n, thread t, element e holds tile key s_col_key of the
-// softmax chunk that reads it: checked at compile time.
-__host__ __device__ constexpr int k_row_key(int row) {  // FP8 kernels, tile row 0..127
-  return 16 * ((row >> 3) & 7) + 4 * ((row >> 1) & 3) + 2 * (row >> 6) + (row & 1);
+// softmax chunk that reads it: checked at compile time. FP8 kernels, tile row 0..kN - 1 (the
+// TMA copy of K, load_k / encode_maps, puts key 16G + 4t + 2j + e at row kN/2 * j + 8G + 2t + e).
+template <int kN = kDefaultBlockN>
+__host__ __device__ constexpr int k_row_key(int row) {
+  return 16 * ((row % (kN / 2)) >> 3) + 4 * ((row >> 1) & 3) + 2 * (row / (kN / 2)) + (row & 1);
 }
+template <int kN>
 __host__ __device__ constexpr bool k_permutation_ok() {
-  for (int c = 0; c < 16; ++c)
+  for (int c = 0; c < kN / 8; ++c)
     for (int t = 0; t < 4; ++t)
       for (int e = 0; e < 2; ++e)
-        if (k_row_key(8 * s_chunk(c) + 2 * t + e) != s_col_key(c, t, e)) return false;
+        if (k_row_key<kN>(8 * s_chunk<true, kN>(c) + 2 * t + e) != s_col_key(c, t, e)) return false;
   return true;
 }
-static_assert(k_permutation_ok(), "K rows, S chunks and P fragments disagree");
+static_assert(k_permutation_ok<128>() && k_permutation_ok<192>() && k_permutation_ok<256>(),
+              "K rows, S chunks and P fragments disagree");
 
 template <class T>
 struct Smem {
@@ -463,7 +492,7 @@ __device__ __forceinline__ Work work_of(const SageParams& p) {
   // row), so producer and consumers keep one schedule.
   const int rows = w.q_len - w.q0 < T::kBlockM ? w.q_len - w.q0 : T::kBlockM;
   const int64_t keys = rows > 0 ? keys_for_rows(p, w.q0, rows, w.kv_len) : 0;
-  w.n_tiles = max(int((keys + kBlockN - 1) / kBlockN), 1);
+  w.n_tiles = max(int((keys + T::kBlockN - 1) / T::kBlockN), 1);
   return w;
 }
 
@@ -485,26 +514,26 @@ __device__ __forceinline__ void load_q(const Maps& m, const Work& w, const Smem<
 // zero-filled and still count their whole size in transaction bytes.
 template <class T>
 __device__ __forceinline__ void load_k(const Maps& m, const Work& w, const Smem<T>& sm, int j) {
-  const int s = j % T::kStages, key0 = j * kBlockN;
+  const int s = j % T::kStages, key0 = j * T::kBlockN;
   mbar_expect_tx(sm.full_k(s), T::kKBytes);
   if constexpr (T::kPv16) {
     tma_load_3d(smem_u32(sm.k(s)), &m.k, sm.full_k(s), w.hkv * T::kDim, key0, w.b);
   } else {
-    // FP8 P.V: copy i gets keys 16G + 4t + 2i + e into shared rows 64i + 8G + 2t + e.
+    // FP8 P.V: copy i gets keys 16G + 4t + 2i + e into shared rows kBlockN/2 * i + 8G + 2t + e.
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      tma_load_5d(smem_u32(sm.k(s) + i * (kBlockN / 2) * T::kDim), &m.k, sm.full_k(s),
+      tma_load_5d(smem_u32(sm.k(s) + i * (T::kBlockN / 2) * T::kDim), &m.k, sm.full_k(s),
                   w.hkv * T::kDim, 2 * i, 0, key0 / 16, w.b);
   }
 }
 template <class T>
 __device__ __forceinline__ void load_v(const Maps& m, const Work& w, const Smem<T>& sm, int j) {
-  const int s = j % T::kStages, key0 = j * kBlockN;
+  const int s = j % T::kStages, key0 = j * T::kBlockN;
   mbar_expect_tx(sm.full_v(s), T::kVBytes);
 #pragma unroll
   for (int part = 0; part < T::kVParts; ++part)
     tma_load_3d(smem_u32(sm.v(s) + part * T::kVPartBytes), &m.v, sm.full_v(s),
-                key0 + part * (kBlockN / T::kVParts), w.hkv * T::kDim, w.b);
+                key0 + part * (T::kBlockN / T::kVParts), w.hkv * T::kDim, w.b);
 }
 
 // The producer warpgroup's one thread (overlapped schedule): the Q tile, then each K/V tile
@@ -568,11 +597,11 @@ __device__ __forceinline__ float rescale_factor(float m_from, float m_to) {
 // kEarlyKScales loads them one loop step ahead: the softmax needs them right after the QK wait,
 // and a load issued after it exposes its whole latency (the wgmma fences and waits are compiler
 // barriers: no hoisting).
-constexpr int kScaleBlocksPerTile = kBlockN / SAGE_SCALE_BLOCK;
+template <class T>
 __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
-                                              float (&ks)[kScaleBlocksPerTile]) {
+                                              float (&ks)[T::kScaleBlocks]) {
 #pragma unroll
-  for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) {
+  for (int blk = 0; blk < T::kScaleBlocks; ++blk) {
     const int kb = key0 / SAGE_SCALE_BLOCK + blk;
     ks[blk] = kb < p.kv_len_pad / SAGE_SCALE_BLOCK ? p.k_scale[kb] : 0.0f;
   }
@@ -584,10 +613,10 @@ __device__ __forceinline__ void load_k_scales(const SageParams& p, int key0,
 // written (ptxas does not extend their live range to the wait, so a write there would serialize
 // the wgmmas, C7513).
 template <class T>
-constexpr int kPStepValues = 64 / T::kPvSteps;
+constexpr int kPStepValues = T::kTileScores / T::kPvSteps;
 template <class T>
-__device__ __forceinline__ void pack_p_step(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4],
-                                            int kb) {
+__device__ __forceinline__ void pack_p_step(const float (&f)[T::kTileScores],
+                                            uint32_t (&pa)[T::kPvSteps][4], int kb) {
   if constexpr (T::kPv16) {
     // A register r of k16 step kb: row half r & 1, chunk 2kb + (r >> 1), elements e = 0, 1
     // (low half first): accumulators 8kb + 2r + e. RNE, as ref.py's pr.half(); P' <= 448.
@@ -608,7 +637,8 @@ __device__ __forceinline__ void pack_p_step(const float (&f)[64], uint32_t (&pa)
   }
 }
 template <class T>
-__device__ __forceinline__ void pack_p(const float (&f)[64], uint32_t (&pa)[T::kPvSteps][4]) {
+__device__ __forceinline__ void pack_p(const float (&f)[T::kTileScores],
+                                       uint32_t (&pa)[T::kPvSteps][4]) {
 #pragma unroll
   for (int kb = 0; kb < T::kPvSteps; ++kb) pack_p_step<T>(f, pa, kb);
 }
@@ -637,15 +667,25 @@ __device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2
 // with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
 // at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles take the same
 // steps over their kept keys (`kept`). ks: the tile's K scales (load_k_scales).
+// The largest of n floats as a pairwise tree (its depth, not n, is the latency).
+template <int kN>
+__device__ __forceinline__ float tree_max(const float* v) {
+  if constexpr (kN == 1)
+    return v[0];
+  else
+    return fmaxf(tree_max<kN / 2>(v), tree_max<kN - kN / 2>(v + kN / 2));
+}
+
 template <class T, bool kMasked>
-__device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c, int (&s)[64],
-                                             int key0, const float (&ks)[kScaleBlocksPerTile],
-                                             float (&alpha)[2], float (&f)[64]) {
-  float sc[kScaleBlocksPerTile];
+__device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c,
+                                             int (&s)[T::kTileScores], int key0,
+                                             const float (&ks)[T::kScaleBlocks], float (&alpha)[2],
+                                             float (&f)[T::kTileScores]) {
+  float sc[T::kScaleBlocks];
 #pragma unroll
-  for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) sc[blk] = c.qs * ks[blk];
+  for (int blk = 0; blk < T::kScaleBlocks; ++blk) sc[blk] = c.qs * ks[blk];
   // Score i = 4 * ch + 2 * h + e of the thread (row half h, chunk ch, element e).
-  const auto score = [&](int i) { return s[4 * s_chunk<!T::kPv16>(i >> 2) + (i & 3)]; };
+  const auto score = [&](int i) { return s[4 * s_chunk<!T::kPv16, T::kBlockN>(i >> 2) + (i & 3)]; };
   // Masked tiles run the same steps with each score's key kept or not: a block's maximum over
   // its kept scores (INT_MIN: none kept; |s| < 2^22 never is INT_MIN), and 0 as the numerator of
   // a masked key (what exp2(-inf) gave). One code path keeps the masked tiles' registers those
@@ -658,16 +698,16 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   };
   float mx[2] = {-INFINITY, -INFINITY};
   {
-    int block_max[4][2];
+    int block_max[T::kScaleBlocks][2];
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk) block_max[blk][0] = block_max[blk][1] = INT_MIN;
+    for (int blk = 0; blk < T::kScaleBlocks; ++blk) block_max[blk][0] = block_max[blk][1] = INT_MIN;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < T::kTileScores; ++i) {
       int& bm = block_max[i >> 4][(i >> 1) & 1];
       if (kept(i)) bm = max(bm, score(i));
     }
 #pragma unroll
-    for (int blk = 0; blk < 4; ++blk)
+    for (int blk = 0; blk < T::kScaleBlocks; ++blk)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int bm = block_max[blk][h];
@@ -693,13 +733,12 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
   float sum[2][4] = {};
   // Masked tiles (one or two per row block) always take the exact path: one variant fewer of
   // the 64 numerators in the key loop's code (2403 -> 2051 instructions with the packing above).
-  const bool fold =
-      !kMasked && T::kFoldScoreBias &&
-      __all_sync(0xffffffffu, fmaxf(fmaxf(sc[0], sc[1]), fmaxf(sc[2], sc[3])) < kFoldMaxScale);
+  const bool fold = !kMasked && T::kFoldScoreBias &&
+                    __all_sync(0xffffffffu, tree_max<T::kScaleBlocks>(sc) < kFoldMaxScale);
   // The numerators and their row sums, from the exponent's argument arg(i) of score i.
   const auto numerators = [&](auto arg) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
+    for (int i = 0; i < T::kTileScores; ++i) {
       const int h = (i >> 1) & 1;
       f[i] = ex2(arg(i, h));
       if (!kept(i)) f[i] = 0.0f;
@@ -751,13 +790,21 @@ __device__ __forceinline__ QkDesc<T> qk_desc(const DescBase& base, int stage) {
   return d;
 }
 template <class T>
-__device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[64]) {
+__device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[T::kTileScores]) {
+  static_assert(T::kBlockN == 128 || T::kBlockN == 256, "gen_wgmma.py has n 128 and 256");
 #pragma unroll
   for (int kb = 0; kb < T::kDim / 32; ++kb) {
-    if (kb == 0)
-      wgmma_m64n128k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
-    else
-      wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
+    if constexpr (T::kBlockN == 256) {
+      if (kb == 0)
+        wgmma_m64n256k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
+      else
+        wgmma_m64n256k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
+    } else {
+      if (kb == 0)
+        wgmma_m64n128k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
+      else
+        wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
+    }
   }
 }
 template <class T>
@@ -841,15 +888,16 @@ __device__ __forceinline__ void merge_o_home(const Smem<T>& sm, Consumer<T>& c) 
 // `p`: the consumer's view, kv_len the entry's.
 template <class T>
 __device__ __forceinline__ bool tile_needs_mask(const SageParams& p, int key0, int wg_row0) {
-  return key0 + kBlockN > p.kv_len || (p.mask == SAGE_MASK_CAUSAL && key0 + kBlockN - 1 > wg_row0);
+  return key0 + T::kBlockN > p.kv_len ||
+         (p.mask == SAGE_MASK_CAUSAL && key0 + T::kBlockN - 1 > wg_row0);
 }
 
 // softmax_tile with the key/causal masks where the tile needs them (tile_needs_mask).
 template <class T>
-__device__ __forceinline__ void softmax_any_tile(const SageParams& pk, Consumer<T>& c, int (&s)[64],
-                                                 int key0, int wg_row0,
-                                                 const float (&ks)[kScaleBlocksPerTile],
-                                                 float (&alpha)[2], float (&f)[64]) {
+__device__ __forceinline__ void softmax_any_tile(const SageParams& pk, Consumer<T>& c,
+                                                 int (&s)[T::kTileScores], int key0, int wg_row0,
+                                                 const float (&ks)[T::kScaleBlocks],
+                                                 float (&alpha)[2], float (&f)[T::kTileScores]) {
   if (tile_needs_mask<T>(pk, key0, wg_row0))
     softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
   else
@@ -861,7 +909,7 @@ template <class T>
 __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const Work& w,
                                                     const Smem<T>& sm, Consumer<T>& c, int wg,
                                                     int wg_row0, int lane) {
-  int s[64];
+  int s[T::kTileScores];
   float alpha[2];
   // Turns (T::kPingPong): each warpgroup issues n_tiles + 1 wgmma blocks (QK of tile 0, one
   // QK + PV per loop step, the last PV), each between my_turn() and pass(). Warpgroup 0 goes
@@ -875,9 +923,9 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
   };
   if (T::kPingPong && wg == 1) named_arrive(1);
   const DescBase db = desc_base(sm, wg);
-  float ks[kScaleBlocksPerTile], ks_next[kScaleBlocksPerTile];
-  load_k_scales(pk, 0, ks);
-  if constexpr (T::kEarlyKScales) load_k_scales(pk, kBlockN, ks_next);
+  float ks[T::kScaleBlocks], ks_next[T::kScaleBlocks];
+  load_k_scales<T>(pk, 0, ks);
+  if constexpr (T::kEarlyKScales) load_k_scales<T>(pk, T::kBlockN, ks_next);
   mbar_wait(sm.full_q(), 0);
   // Tile 0.
   mbar_wait(sm.full_k(0), 0);
@@ -893,17 +941,17 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
   pass();
   wgmma_wait<0>();
   reg_fence(s);
-  float f[64];
+  float f[T::kTileScores];
   softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f);
   pack_p<T>(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
     const int st = j % T::kStages, prev = (j - 1) % T::kStages;
-    const int key0 = j * kBlockN;
+    const int key0 = j * T::kBlockN;
     if constexpr (T::kEarlyKScales) {
 #pragma unroll
-      for (int blk = 0; blk < kScaleBlocksPerTile; ++blk) ks[blk] = ks_next[blk];
-      load_k_scales(pk, key0 + kBlockN, ks_next);
+      for (int blk = 0; blk < T::kScaleBlocks; ++blk) ks[blk] = ks_next[blk];
+      load_k_scales<T>(pk, key0 + T::kBlockN, ks_next);
     }
     mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
     mbar_wait(sm.full_v(prev), ((j - 1) / T::kStages) & 1);
@@ -923,7 +971,7 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
     pass();
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
-    if constexpr (!T::kEarlyKScales) load_k_scales(pk, key0, ks);
+    if constexpr (!T::kEarlyKScales) load_k_scales<T>(pk, key0, ks);
     softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f);
     wgmma_wait<0>();
     reg_fence(c.o);
@@ -981,12 +1029,12 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
                 "the serial loop leaves P's packing and O's rescale to softmax_tile");
   const int wg = T::kWgs == 1 ? 0 : int(threadIdx.x) / kWgThreads;
   const DescBase db = desc_base(sm, wg);
-  int s[64];
-  float alpha[2], f[64], ks[kScaleBlocksPerTile];
+  int s[T::kTileScores];
+  float alpha[2], f[T::kTileScores], ks[T::kScaleBlocks];
   mbar_wait(sm.full_q(), 0);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int st = unsigned(j) % T::kStages, phase = (unsigned(j) / T::kStages) & 1;
-    const int key0 = j * kBlockN;
+    const int key0 = j * T::kBlockN;
     const bool next = (threadIdx.x % kWgThreads) == 0 && j + T::kStages < w.n_tiles;
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
     mbar_wait(sm.full_k(st), phase);
@@ -1000,7 +1048,7 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     wgmma_commit();
     // The K scales load under the QK wgmma, not ahead of its fence (H100 B1 H24 sage_core, the
     // two builds alternating in one call: 818 -> 822 TFLOPS at S 16k, 837 -> 839 at 32k).
-    load_k_scales(pk, key0, ks);
+    load_k_scales<T>(pk, key0, ks);
     wgmma_wait<0>();
     reg_fence(s);
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
@@ -1223,7 +1271,7 @@ int encode(CUtensorMap* map, const char* what, CUtensorMapDataType type, const v
 template <class T>
 int encode_maps(const SageParams& p, sage::sm90::Maps* m) {
   using u64 = cuuint64_t;
-  constexpr cuuint32_t kDp = T::kDim, kM = T::kBlockM, kN = sage::sm90::kBlockN;
+  constexpr cuuint32_t kDp = T::kDim, kM = T::kBlockM, kN = T::kBlockN;
   const CUtensorMapSwizzle qk_swizzle =
       kDp == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const u64 b = u64(p.batch), q_row = u64(p.heads_q) * kDp, k_row = u64(p.heads_kv) * kDp;
@@ -1324,7 +1372,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
   // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
-  // per CTA sharing its K/V copies. Read once per process.
+  // per CTA sharing its K/V copies; `wide256` two such warpgroups on 256-key tiles. Read once
+  // per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
     if (!e || !*e) return int(s9::kScheduleDefault);
@@ -1347,6 +1396,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kSchedulePingPong>(p, st);
     case s9::kScheduleShared192:
       return launch_schedule<s9::kScheduleShared192>(p, st);
+    case s9::kScheduleWide256:
+      return launch_schedule<s9::kScheduleWide256>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }

@@ -108,7 +108,10 @@ namespace sage {
 namespace sm90 {
 """
 
-body = [qk(128), qk_init(128), pv(128, "e4m3"), pv(64, "e4m3"), pv(128, "f16"), pv(64, "f16")]
+body = [
+    qk(128), qk_init(128), qk(256), qk_init(256),
+    pv(128, "e4m3"), pv(64, "e4m3"), pv(128, "f16"), pv(64, "f16"),
+]  # fmt: skip
 FOOTER = "\n\n}  // namespace sm90\n}  // namespace sage\n// clang-format on\n"
 out = HEADER + "\n\n".join(body) + FOOTER
 Path(__file__).with_name("sm90_wgmma.h").write_text(out)

@@ -65,14 +65,16 @@ def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
     kernels = cuda_attention_kernels(ptx)
     # the default FP8 kernels are the serial ones (one warpgroup per CTA); the overlapped ones
-    # and D 128's three-warpgroup serial kernel stay for the AITER_SAGE_CUDA_SCHEDULE knob
+    # and D 128's three-warpgroup and two-warpgroup (256-key tiles) serial kernels stay for the
+    # AITER_SAGE_CUDA_SCHEDULE knob
     assert set(kernels) == {
         (64, False, True, 1), (64, False, False, 3), (128, False, True, 3), (128, False, True, 1),
-        (128, False, False, 2), (64, True, False, 2), (128, True, False, 2),
+        (128, False, True, 2), (128, False, False, 2), (64, True, False, 2), (128, True, False, 2),
     }  # fmt: skip
     wgmma = r"wgmma\.mma_async\.sync\.aligned\."
     for (d, fp16_pv, serial, wgs), body in kernels.items():
-        assert re.search(wgmma + r"m64n128k32\.s32\.s8\.s8", body), d  # Q.K^T
+        wide = serial and wgs == 2  # 256 keys a tile
+        assert re.search(wgmma + rf"m64n{256 if wide else 128}k32\.s32\.s8\.s8", body), d  # Q.K^T
         pv = rf"m64n{d}k16\.f32\.f16\.f16" if fp16_pv else rf"m64n{d}k32\.f32\.e4m3\.e4m3"
         other = rf"m64n{d}k32\.f32\.e4m3" if fp16_pv else rf"m64n{d}k16\.f32\.f16"
         assert re.search(wgmma + pv, body), (d, fp16_pv)
@@ -84,10 +86,11 @@ def test_attention_ptx_uses_wgmma(attention_build):
         assert "cp.async.cg" not in body, (d, fp16_pv)
         # the overlapped kernels' producer warpgroup hands its registers to the consumers; the
         # serial ones have no producer and size for three warpgroups per SM at D 128 (three
-        # CTAs of 64 rows, or one of 192 sharing its K/V copies), four CTAs of one at D 64
+        # CTAs of 64 rows, or one of 192 sharing its K/V copies), four CTAs of one at D 64, and
+        # one CTA of two with 256-key tiles (S alone is 128 registers)
         assert ("setmaxnreg" in body) != serial, (d, fp16_pv, serial)
         if serial:
-            warpgroups_per_sm = 3 if d == 128 else 4
+            warpgroups_per_sm = 2 if wide else 3 if d == 128 else 4
             assert re.search(rf"\.minnctapersm {warpgroups_per_sm // wgs}\b", body), (d, wgs)
             assert re.search(rf"\.maxntid {128 * wgs}, 1, 1", body), (d, wgs)
 
@@ -313,7 +316,7 @@ def default_schedule_outputs(tmp_path_factory):
     return _schedule_outputs("default", tmp_path_factory.mktemp("schedules"))
 
 
-@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong"])
+@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong", "wide256"])
 def test_measurement_schedules_compute_the_default_result(
     schedule, default_schedule_outputs, tmp_path
 ):
@@ -322,7 +325,9 @@ def test_measurement_schedules_compute_the_default_result(
     warpgroups share only the K/V copies): the same bits without causal; under causal
     the warpgroups of a CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O
     moves to its home at steps where the 64-row CTA had ended. The overlapped kernels form the
-    exponent's argument in two steps (no folded bias)."""
+    exponent's argument in two steps (no folded bias). The 256-key tiles (wide256) take a row's
+    running maximum over twice the keys at a time, so P's first 128 keys of a tile round against
+    a later maximum where it rose in the second 128."""
     _need_sm90()
     other = _schedule_outputs(schedule, tmp_path)
     for case, a, b in zip(SCHEDULE_CASES, default_schedule_outputs, other, strict=True):
