@@ -413,7 +413,7 @@ __host__ __device__ constexpr uint32_t desc_step(int bytes) { return uint32_t(by
 // s_col_key(c, ...)) of a kN-key tile: with the FP8 kernels' permuted K rows chunk kN/16 * j + G
 // for c = 2G + j (TMA copy j of the tile fills shared K rows kN/2 * j .. kN/2 * (j + 1) - 1),
 // natural order otherwise.
-template <bool kPermutedK = true, int kN = kDefaultBlockN>
+template <bool kPermutedK, int kN>
 __host__ __device__ constexpr int s_chunk(int c) {
   return kPermutedK ? kN / 16 * (c & 1) + (c >> 1) : c;
 }
@@ -427,7 +427,7 @@ __host__ __device__ constexpr int s_col_key(int c, int t, int e) {
 // Shared K row of (S accumulator) chunk n, thread t, element e holds tile key s_col_key of the
 // softmax chunk that reads it: checked at compile time. FP8 kernels, tile row 0..kN - 1 (the
 // TMA copy of K, load_k / encode_maps, puts key 16G + 4t + 2j + e at row kN/2 * j + 8G + 2t + e).
-template <int kN = kDefaultBlockN>
+template <int kN>
 __host__ __device__ constexpr int k_row_key(int row) {
   return 16 * ((row % (kN / 2)) >> 3) + 4 * ((row >> 1) & 3) + 2 * (row / (kN / 2)) + (row & 1);
 }
@@ -657,6 +657,15 @@ __device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2
   }
 }
 
+// The largest of n floats as a pairwise tree (its depth, not n, is the latency).
+template <int kN>
+__device__ __forceinline__ float tree_max(const float* v) {
+  if constexpr (kN == 1)
+    return v[0];
+  else
+    return fmaxf(tree_max<kN / 2>(v), tree_max<kN - kN / 2>(v + kN / 2));
+}
+
 // Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
 //
@@ -667,15 +676,6 @@ __device__ __forceinline__ void rescale_o(Consumer<T>& c, const float (&alpha)[2
 // with a single rounding where scale-then-add had two (H200, B1 H24 D128: 706 -> 720 TFLOPS
 // at S 16k, 733 -> 755 at 32k, 596 -> 613 at 4k; rel L2 unchanged). Masked tiles take the same
 // steps over their kept keys (`kept`). ks: the tile's K scales (load_k_scales).
-// The largest of n floats as a pairwise tree (its depth, not n, is the latency).
-template <int kN>
-__device__ __forceinline__ float tree_max(const float* v) {
-  if constexpr (kN == 1)
-    return v[0];
-  else
-    return fmaxf(tree_max<kN / 2>(v), tree_max<kN - kN / 2>(v + kN / 2));
-}
-
 template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c,
                                              int (&s)[T::kTileScores], int key0,
