@@ -68,7 +68,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
         "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns), "
         "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies) "
-        "or `wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM)",
+        "`wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM) "
+        "or `wide256_cta64` (D 128: serial, 256-key tiles, one warpgroup per CTA, two CTAs per SM)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules

@@ -156,10 +156,12 @@ struct Traits {
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
   // __launch_bounds__' minimum: serial warpgroups per SM, three of 168 registers at D 128, four
   // of 128 at D 64 (O is 32 registers), in CTAs of kWgs.
-  // A wider key tile (kBlockN 256: S alone is 128 registers) leaves one CTA per SM.
+  // A wider key tile (kBlockN 256: S alone is 128 registers) leaves two serial warpgroups per
+  // SM (up to 255 registers each).
   static constexpr bool kWide = kBlockN > kDefaultBlockN;
-  static constexpr int kCtasPerSm = kSerial && !kWide ? (kDp == 64 ? 4 : 3) / kWgs : 1;
-  static_assert(!kSerial || kWide || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
+  static constexpr int kSerialWgsPerSm = kWide ? 2 : kDp == 64 ? 4 : 3;
+  static constexpr int kCtasPerSm = kSerial ? kSerialWgsPerSm / kWgs : 1;
+  static_assert(!kSerial || kCtasPerSm * kWgs == kSerialWgsPerSm, "");
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
@@ -232,15 +234,16 @@ struct Traits {
 // measurement knobs (AITER_SAGE_CUDA_SCHEDULE) select the others.
 enum Schedule : int {
   kScheduleDefault,
-  kScheduleOverlap,    // the overlapped FP8 kernels
-  kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
-  kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
-  kScheduleWide256,    // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
+  kScheduleOverlap,       // the overlapped FP8 kernels
+  kSchedulePingPong,      // the overlapped FP8 kernels, warpgroups taking turns
+  kScheduleShared192,     // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+  kScheduleWide256,       // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
+  kScheduleWide256Cta64,  // D = 128: one serial warpgroup per CTA, two CTAs per SM, 256 keys
   kSchedules
 };
 // AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
-constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
-                                                    "wide256"};
+constexpr const char* kScheduleNames[kSchedules] = {"default",   "overlap", "pingpong",
+                                                    "shared192", "wide256", "wide256_cta64"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -261,6 +264,9 @@ struct KernelTraitsOf<kDp, false, kScheduleShared192> {
   static constexpr int kWgs = kDp == 128 ? 3 : 1;
   using type = Traits<kDp, kWgs == 1 ? 1 : 2, false, false, kWgs, kOHomeTiles, true>;
 };
+// 256-key tiles move O home every 8 tiles: the 2048 keys per accumulator run that the drift
+// figures above were measured at.
+constexpr int kWideOHomeTiles = kOHomeTiles / 2;
 // Two serial warpgroups of 64 rows sharing each 256-key K/V copy on a two-stage ring, one CTA per
 // SM (up to 255 registers a thread: S is 128 of them). FlashAttention-3's FP8 kernel runs 7-9 %
 // faster with its 224-key tiles than with 128 (docs/perf/2026-12-06-cuda-fa3-fp8.md): the
@@ -269,7 +275,17 @@ struct KernelTraitsOf<kDp, false, kScheduleShared192> {
 template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleWide256> {
   using type =
-      std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 2, kOHomeTiles, true, 256>,
+      std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 2, kWideOHomeTiles, true, 256>,
+                         typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
+};
+// The same 256-key tiles in CTAs of one warpgroup (64 rows) with one stage, two CTAs per SM: no
+// warpgroup waits on another's release of a shared stage, and the last wave's SMs refill CTA
+// by CTA (what kept shared192 behind the default at Flux's S 4608), at the price of each K/V
+// tile copied once per 64 query rows.
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleWide256Cta64> {
+  using type =
+      std::conditional_t<kDp == 128, Traits<kDp, 1, false, false, 1, kWideOHomeTiles, true, 256>,
                          typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
 };
 template <int kDp, bool kPv16, int kSchedule>
@@ -1372,8 +1388,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
   // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
-  // per CTA sharing its K/V copies; `wide256` two such warpgroups on 256-key tiles. Read once
-  // per process.
+  // per CTA sharing its K/V copies; `wide256` two such warpgroups on 256-key tiles,
+  // `wide256_cta64` one per CTA, two CTAs per SM. Read once per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
     if (!e || !*e) return int(s9::kScheduleDefault);
@@ -1398,6 +1414,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kScheduleShared192>(p, st);
     case s9::kScheduleWide256:
       return launch_schedule<s9::kScheduleWide256>(p, st);
+    case s9::kScheduleWide256Cta64:
+      return launch_schedule<s9::kScheduleWide256Cta64>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }
