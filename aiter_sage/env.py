@@ -68,8 +68,8 @@ VARIABLES: tuple[EnvVar, ...] = (
         "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
         "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns), "
         "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies) "
-        "`wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM) "
-        "or `wide256_cta64` (D 128: serial, 256-key tiles, one warpgroup per CTA, two CTAs per SM)",
+        "or `wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM; "
+        "slower, and its P is off the contract's rounding grid on long key loops)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules

@@ -156,12 +156,10 @@ struct Traits {
   static constexpr int kThreads = kWgThreads * (kWgs + kProducerWgs);
   // __launch_bounds__' minimum: serial warpgroups per SM, three of 168 registers at D 128, four
   // of 128 at D 64 (O is 32 registers), in CTAs of kWgs.
-  // A wider key tile (kBlockN 256: S alone is 128 registers) leaves two serial warpgroups per
-  // SM (up to 255 registers each).
+  // A wider key tile (kBlockN 256: S alone is 128 registers) leaves one CTA per SM.
   static constexpr bool kWide = kBlockN > kDefaultBlockN;
-  static constexpr int kSerialWgsPerSm = kWide ? 2 : kDp == 64 ? 4 : 3;
-  static constexpr int kCtasPerSm = kSerial ? kSerialWgsPerSm / kWgs : 1;
-  static_assert(!kSerial || kCtasPerSm * kWgs == kSerialWgsPerSm, "");
+  static constexpr int kCtasPerSm = kSerial && !kWide ? (kDp == 64 ? 4 : 3) / kWgs : 1;
+  static_assert(!kSerial || kWide || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
   static constexpr int kConsumerWarps = 4 * kWgs;
   // The largest multiple of 8 that fits: 240 for two consumer warpgroups, 160 for three.
   static constexpr int kConsumerRegs = (kRegisterFile / kWgThreads - kProducerRegs) / kWgs / 8 * 8;
@@ -234,16 +232,15 @@ struct Traits {
 // measurement knobs (AITER_SAGE_CUDA_SCHEDULE) select the others.
 enum Schedule : int {
   kScheduleDefault,
-  kScheduleOverlap,       // the overlapped FP8 kernels
-  kSchedulePingPong,      // the overlapped FP8 kernels, warpgroups taking turns
-  kScheduleShared192,     // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
-  kScheduleWide256,       // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
-  kScheduleWide256Cta64,  // D = 128: one serial warpgroup per CTA, two CTAs per SM, 256 keys
+  kScheduleOverlap,    // the overlapped FP8 kernels
+  kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
+  kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+  kScheduleWide256,    // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
   kSchedules
 };
 // AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
-constexpr const char* kScheduleNames[kSchedules] = {"default",   "overlap", "pingpong",
-                                                    "shared192", "wide256", "wide256_cta64"};
+constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
+                                                    "wide256"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -271,21 +268,18 @@ constexpr int kWideOHomeTiles = kOHomeTiles / 2;
 // SM (up to 255 registers a thread: S is 128 of them). FlashAttention-3's FP8 kernel runs 7-9 %
 // faster with its 224-key tiles than with 128 (docs/perf/2026-12-06-cuda-fa3-fp8.md): the
 // softmax's per-tile work (maxima, shuffles, alpha, the wgmma issues and waits) spread over
-// twice the keys. D = 64 keeps the default kernel.
+// twice the keys. D = 64 keeps the default kernel. Measured slower (H100 sage_core, alternating
+// with the default in one call, TFLOPS: S 4608 631 vs 724, 16k 801 vs 846, 32k 848 vs 865,
+// causal 16k 747 vs 771): 13 % fewer instructions, but eight computing warps per SM kept 42 % of
+// the issue slots busy against the default's twelve at 52 % (Nsight Compute, S 8192, the same
+// tiles in CTAs of one warpgroup). And a row's maximum over 256 keys at a time moves P off the
+// contract's rounding grid (the first 128 keys of a tile round against a maximum that rose in
+// the second): 0.0053 rel L2 from the exact arithmetic on the long key loop of test_cuda.py,
+// whose bound is 0.0028, and 0.0052 with O moved home every 2 tiles (so not accumulation).
 template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleWide256> {
   using type =
       std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 2, kWideOHomeTiles, true, 256>,
-                         typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
-};
-// The same 256-key tiles in CTAs of one warpgroup (64 rows) with one stage, two CTAs per SM: no
-// warpgroup waits on another's release of a shared stage, and the last wave's SMs refill CTA
-// by CTA (what kept shared192 behind the default at Flux's S 4608), at the price of each K/V
-// tile copied once per 64 query rows.
-template <int kDp>
-struct KernelTraitsOf<kDp, false, kScheduleWide256Cta64> {
-  using type =
-      std::conditional_t<kDp == 128, Traits<kDp, 1, false, false, 1, kWideOHomeTiles, true, 256>,
                          typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
 };
 template <int kDp, bool kPv16, int kSchedule>
@@ -1388,8 +1382,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
   // overlapped FP8 kernels with their two consumer warpgroups taking turns to issue wgmmas (a
   // loss on an H200, TMA producer: 5.11 vs 4.69-4.75 ms at S = 16k, D = 128, 4.42 vs
   // 4.37-4.40 ms at D = 64); `shared192` the serial D = 128 FP8 kernel with three warpgroups
-  // per CTA sharing its K/V copies; `wide256` two such warpgroups on 256-key tiles,
-  // `wide256_cta64` one per CTA, two CTAs per SM. Read once per process.
+  // per CTA sharing its K/V copies; `wide256` two such warpgroups on 256-key tiles. Read once
+  // per process.
   static const int schedule = [] {
     const char* e = getenv("AITER_SAGE_CUDA_SCHEDULE");
     if (!e || !*e) return int(s9::kScheduleDefault);
@@ -1414,8 +1408,6 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kScheduleShared192>(p, st);
     case s9::kScheduleWide256:
       return launch_schedule<s9::kScheduleWide256>(p, st);
-    case s9::kScheduleWide256Cta64:
-      return launch_schedule<s9::kScheduleWide256Cta64>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }

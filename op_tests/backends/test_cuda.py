@@ -316,9 +316,7 @@ def default_schedule_outputs(tmp_path_factory):
     return _schedule_outputs("default", tmp_path_factory.mktemp("schedules"))
 
 
-@pytest.mark.parametrize(
-    "schedule", ["shared192", "overlap", "pingpong", "wide256", "wide256_cta64"]
-)
+@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong", "wide256"])
 def test_measurement_schedules_compute_the_default_result(
     schedule, default_schedule_outputs, tmp_path
 ):
@@ -327,9 +325,9 @@ def test_measurement_schedules_compute_the_default_result(
     warpgroups share only the K/V copies): the same bits without causal; under causal
     the warpgroups of a CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O
     moves to its home at steps where the 64-row CTA had ended. The overlapped kernels form the
-    exponent's argument in two steps (no folded bias). The 256-key tiles (wide256,
-    wide256_cta64) take a row's running maximum over twice the keys at a time, so P's first 128
-    keys of a tile round against a later maximum where it rose in the second 128."""
+    exponent's argument in two steps (no folded bias). The 256-key tiles (wide256) take a row's
+    running maximum over twice the keys at a time, so P's first 128 keys of a tile round against
+    a later maximum where it rose in the second 128."""
     _need_sm90()
     other = _schedule_outputs(schedule, tmp_path)
     for case, a, b in zip(SCHEDULE_CASES, default_schedule_outputs, other, strict=True):
