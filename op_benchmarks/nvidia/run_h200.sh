@@ -7,6 +7,8 @@
 #   FA3_PKG=DIR    FlashAttention-3's FP8 forward as built by build_fa3.sh (its kernels compiled
 #                  where nvcc is, carried here): linked on this machine, then benchmarked beside
 #                  ours as fa3_fp8, the fastest public FP8 attention kernel.
+#   SIDE_BY_SIDE="--sweeps 3 --shapes D64 Wan"  more arguments of side_by_side.py (the bench
+#                  stage): several sweeps, some of the shapes.
 #   STAGE="tests bench" (all: both)  also: profile (torch-profiler kernel times, Nsight Compute
 #                  metrics of ours and SageAttention2's attention kernels), variants (the
 #                  attention kernel's measurement-only schedules at S 4608 / 16k / 32k, beside SA2:
@@ -84,7 +86,7 @@ if stage variants; then
 fi
 if stage bench; then
   wait_sage2
-  python3 op_benchmarks/nvidia/side_by_side.py ${QUICK:+--quick} -o "$OUT/side_by_side.csv" \
+  python3 op_benchmarks/nvidia/side_by_side.py ${QUICK:+--quick} $SIDE_BY_SIDE -o "$OUT/side_by_side.csv" \
     2>&1 | tee "$OUT/bench.log"
 fi
 if stage ceiling; then

@@ -282,8 +282,9 @@ def test_long_key_loop_keeps_the_formats_exact_result():
 
 
 # (head dim, causal, S). 2200 rows: the last 192-row CTA has 88 (one warpgroup full, one
-# partly, one past q_len); 18 key tiles, so O moves to its home.
-SCHEDULE_CASES = ((128, False, 2200), (128, True, 2200), (64, False, 700))
+# partly, one past q_len); 18 key tiles, so O moves to its home (and D 64 causal: masked
+# tiles over 18 key tiles in the D 64 kernels).
+SCHEDULE_CASES = ((128, False, 2200), (128, True, 2200), (64, False, 700), (64, True, 2200))
 SCHEDULE_CHILD = textwrap.dedent(
     """
     import sys, torch
