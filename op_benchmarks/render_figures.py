@@ -127,6 +127,8 @@ def render_cuda(plt) -> None:
     (gpu,) = gpus
     by = {}
     for r in rows:
+        if r["provider"] in by.get(r["shape"], {}):  # side_by_side.py --sweeps N > 1
+            raise SystemExit(f"{SIDE_BY_SIDE_CSV}: {r['shape']} / {r['provider']} twice: one sweep")
         by.setdefault(r["shape"], {})[r["provider"]] = r
     speed_shapes = [sh for sh, prov in by.items() if "sdpa_cudnn" in prov]
     fig, (speed, acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})

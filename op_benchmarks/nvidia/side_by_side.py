@@ -154,14 +154,16 @@ def main(argv=None):
         return [sh for sh in shape_list if not a.shapes or any(t in sh[0] for t in a.shapes)]
 
     shapes = picked(shapes)
+    dit_shapes = [] if a.quick else picked(DIT_SHAPES)
+    if a.shapes and not shapes and not dit_shapes:
+        ap.error(f"--shapes {' '.join(a.shapes)} matches no shape label")
     rounds = 3 if a.quick else a.rounds
     speed = []
     for sweep in range(a.sweeps):
         for r in rows_for(shapes, SPEED_PROVIDERS, False, rounds, timing=timing):
             speed.append({**r, "sweep": sweep})
-    dit = []
+    dit = rows_for(dit_shapes, DIT_PROVIDERS, True, rounds, timing=timing)
     if not a.quick:
-        dit += rows_for(picked(DIT_SHAPES), DIT_PROVIDERS, True, rounds, timing=timing)
         dit += rows_for(picked(DIT_Q16_SHAPES), DIT_Q16_PROVIDERS, True, rounds, 16, timing)
 
     def vs_sage2(prov):

@@ -381,3 +381,5 @@ def test_side_by_side_sweeps_report_the_median_and_the_spread():
     assert sbs.speedup_cell(rows[0]) == "0.98×" and sbs.speedup_cell(merged["sage2"]) == "–"
     text = sbs.table(list(merged.values()), ["sage", "sage2"], lambda r: f"{r['tflops']:.0f}")
     assert "| D64 | 520 | 512 |" in text
+    with pytest.raises(SystemExit):  # a --shapes filter that picks nothing is an error, not a no-op
+        sbs.main(["--shapes", "no such shape"])
