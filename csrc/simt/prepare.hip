@@ -9,11 +9,11 @@
 //               -> k_mean in the pinned order (32 row groups = the 32 partial sums), beside the
 //               V ranges. (One workgroup per head streamed V at ~1 TB/s on an H200: 24 of its
 //               132 SMs at B1 H24.)
-//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads), two
-//               consecutive blocks in the plain BF16 build (qk_blocks_per_workgroup): optional
-//               fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization, scale (Q with
-//               q_scale_rows 16: an amax, scale and codes per 16-row half). Rows past
-//               the sequence are written as zeros (outputs come from torch.empty). With
+//   2. qk       one workgroup per 32-row block of Q (query heads) and of K (kv heads), 2 (4
+//               at Dp 64) consecutive blocks in the plain BF16 build (qk_blocks_per_workgroup):
+//               optional fused RMSNorm + RoPE, K - mean, block amax, INT8 quantization,
+//               scale (Q with q_scale_rows 16: an amax, scale and codes per 16-row half). Rows
+//               past the sequence are written as zeros (outputs come from torch.empty). With
 //               smooth_k, Q blocks also write lse_corr = Q'·k_mean per row (Q' the FP32
 //               scaled query), the LSE term the smoothing takes out of the row's scores.
 //               Three builds (QkBuild): qk with every fused step, qk_smooth with smoothing and
@@ -72,12 +72,22 @@ struct PrepTraits {
   // registers, no spill (8 blocks spilled 16 bytes). H100, B1 H24 S16384 DiT-like with
   // smooth_k: 134 us, where the fused build at 6 blocks took 189.
   static constexpr int kQkSmoothNvBlocks = 7;
-  // qk scale blocks per workgroup (prepare_layout.h qk_block): the plain BF16 build 2, its setup
-  // paid once for both (H100 B1 H24, qk_plain: S 4096 31.4 -> 30.0 us, S 16384 115.3 -> 108.6,
-  // D 64 70.7 -> 68.9; 9 blocks per SM, no spill; at Dp 64 10 spilled 16 bytes). The others 1:
-  // under their caps 2 spilled (FP16 plain, smooth) or the norm weights already do (fused).
+  // qk scale blocks per workgroup (prepare_layout.h qk_block): the plain BF16 build 2 at Dp 128
+  // and 4 at Dp 64, its setup paid once for them (H100 B1 H24, qk_plain with 2: S 4096 31.4 ->
+  // 30.0 us, S 16384 115.3 -> 108.6, D 64 70.7 -> 68.9; 9 blocks per SM, no spill; at Dp 64 10
+  // spilled 16 bytes). The others 1: under their caps 2 spilled (FP16 plain, smooth) or the norm
+  // weights already do (fused).
   SAGE_HD static constexpr int qk_blocks_per_workgroup(bool plain) {
-    return plain && kInDtype == SAGE_DTYPE_BF16 ? 2 : 1;
+    return plain && kInDtype == SAGE_DTYPE_BF16 ? (kDp == 64 ? 4 : 2) : 1;
+  }
+  // Whether qk_body issues the loads of a workgroup's next block before it reduces and
+  // quantizes the current one, so that a workgroup's loads are not all waited for at once per
+  // block: at Dp 64 (a block is 2 rows of loads per thread, 8 more registers: 56, no spill).
+  // H100 B1 H24 S16384 D64, the whole prepare in one process each, two passes: 128.0 / 129.3 us
+  // without, 121.8 / 122.0 with it at 2 blocks per workgroup, 120.8 / 121.2 at 4. At Dp 128
+  // (16 more registers) the 9-block cap spilled.
+  SAGE_HD static constexpr bool qk_prefetch(bool plain) {
+    return kDp == 64 && qk_blocks_per_workgroup(plain) > 1;
   }
   // v_scale (+ K mean): 32 row groups, group g streams rows g, g + 32, ... — the K-mean
   // partial g of quant.h's pinned order. 512 (256) threads; 8 rows of loads in flight per
@@ -486,11 +496,11 @@ SAGE_DEVICE void workgroup_amax(float (&amax)[N], L* lds, int tid, int wave) {
 
 // ============================================================================ kernel 2 =====
 // One workgroup per N consecutive 32-row scale blocks of Q or K (N = qk_blocks_per_workgroup:
-// 2 for the plain BF16 build, else 1). Grid (ceil((Sq_pad/32) / N) + ceil(ceil((Skv_pad/32) /
-// G) / N), Hq, B) with G = Hq / Hkv: the first workgroups hold the Q blocks of query head y;
-// beyond, the K blocks of key/value head y / G are dealt round robin to the G query heads of
-// its group (prepare_layout.h qk_block; a workgroup whose first block is past the last exits at
-// once, a second block past it is skipped).
+// 2 (4 at Dp 64) for the plain BF16 build, else 1). Grid (ceil((Sq_pad/32) / N) +
+// ceil(ceil((Skv_pad/32) / G) / N), Hq, B) with G = Hq / Hkv: the first workgroups hold the Q
+// blocks of query head y; beyond, the K blocks of key/value head y / G are dealt round robin to
+// the G query heads of its group (prepare_layout.h qk_block; a workgroup whose first block is
+// past the last exits at once, a later block past it is skipped).
 // Three builds (QkBuild): what a call does not ask for costs the kernel no registers.
 enum class QkBuild {
   kPlain,   // upstream's call: no norm, no RoPE, no smoothing, 32-row Q scales
@@ -537,12 +547,21 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
         4 * channel_offset(head_index(p.heads_kv, b, hq / group), T::kHeadDim, T::kChunk * f.c),
         mean);
 
-  // Scale block blk of this workgroup's role, from its loads to its codes and scale.
-  const auto quantize_block = [&](int blk) {
-    // The block row this lane works on in each pass.
-    const auto row_of = [&](int pass) {
-      return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
-    };
+  // The block row this lane works on in each pass of scale block blk.
+  const auto row_of_block = [&](int blk, int pass) {
+    return blk * SAGE_SCALE_BLOCK + prep_row(tid, pass, T::kQkThreads, T::kLanesPerRow);
+  };
+  // Every pass's loads of block blk, issued together (one round trip to memory per block).
+  const auto fetch_block = [&](int blk, RawRow(&raw)[T::kQkPasses]) {
+#pragma unroll
+    for (int pass = 0; pass < T::kQkPasses; ++pass) {
+      const int s = row_of_block(blk, pass);
+      raw[pass] = fetch_row<T>(f, s, s < len);
+    }
+  };
+  // Scale block blk of this workgroup's role, from its loaded rows to its codes and scale.
+  const auto quantize_block = [&](int blk, const RawRow(&raw)[T::kQkPasses]) {
+    const auto row_of = [&](int pass) { return row_of_block(blk, pass); };
     // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i; 0 past
     // the sequence. The plain build skips that select: there a row past it loads +0, so its
     // value is +0 (K) or +-0 (Q: the factor is finite), and x only meets |x| and the code, to
@@ -552,12 +571,6 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
     // scale each for Q with q_scale_rows 16, else combined into the block's one.
     float amax[2] = {0.0f, 0.0f};
     const auto half_of = [](int pass) { return prep_half(pass, T::kQkThreads, T::kLanesPerRow); };
-    RawRow raw[T::kQkPasses];  // every pass's loads in flight before the first is used
-#pragma unroll
-    for (int pass = 0; pass < T::kQkPasses; ++pass) {
-      const int s = row_of(pass);
-      raw[pass] = fetch_row<T>(f, s, s < len);
-    }
 #pragma unroll
     for (int pass = 0; pass < T::kQkPasses; ++pass) {
       const int s = row_of(pass);
@@ -655,14 +668,28 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
       if (halves) sage_gstore<float>(out_scale, 4 * scale_at(s + SAGE_Q_SCALE_ROWS_FINE), scale[1]);
     }
   };
-  // kPer consecutive blocks, the setup above once for all of them. The
-  // barrier keeps a block's LDS stores (workgroup_amax) behind the last one's loads.
+  // kPer consecutive blocks, the setup above once for all of them, the next block's loads in
+  // flight while this one is reduced and quantized (T::qk_prefetch). The barrier keeps a
+  // block's LDS stores (workgroup_amax) behind the last one's loads.
+  constexpr bool kPrefetch = T::qk_prefetch(kBuild == QkBuild::kPlain);
+  RawRow raw[T::kQkPasses];
+  if constexpr (kPrefetch) fetch_block(qk_block(x_id, hq, 0, q_blocks, group, kPer), raw);
 #pragma unroll 1
   for (int rep = 0; rep < kPer; ++rep) {
     const int blk = qk_block(x_id, hq, rep, q_blocks, group, kPer);
     if (blk >= blocks) break;  // uniform over the workgroup
     if (rep > 0) sage_barrier();
-    quantize_block(blk);
+    if constexpr (kPrefetch) {
+      RawRow next[T::kQkPasses] = {};
+      const int next_blk = qk_block(x_id, hq, rep + 1, q_blocks, group, kPer);
+      if (rep + 1 < kPer && next_blk < blocks) fetch_block(next_blk, next);  // uniform
+      quantize_block(blk, raw);
+#pragma unroll
+      for (int pass = 0; pass < T::kQkPasses; ++pass) raw[pass] = next[pass];
+    } else {
+      fetch_block(blk, raw);
+      quantize_block(blk, raw);
+    }
   }
 }
 
