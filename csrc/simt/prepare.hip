@@ -559,9 +559,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
       raw[pass] = fetch_row<T>(f, s, s < len);
     }
   };
-  // Scale block blk of this workgroup's role, from its loaded rows to its codes and scale.
-  const auto quantize_block = [&](int blk, const RawRow(&raw)[T::kQkPasses]) {
+  // Scale block blk of this workgroup's role, from its rows to its codes and scale. rows(raw)
+  // fills the block's loaded rows: its own loads (fetch_block), or ones issued earlier
+  // (kPrefetch), copied into this call's array (an array taken by reference from outside left
+  // the fused FP16 kernel 864 bytes of scratch in the hiprtc build for gfx1030).
+  const auto quantize_block = [&](int blk, auto rows) {
     const auto row_of = [&](int pass) { return row_of_block(blk, pass); };
+    RawRow raw[T::kQkPasses];
+    rows(raw);
     // x[pass][i]: the FP32 value to quantize (Q' or K') of row row_of(pass), channel 8c+i; 0 past
     // the sequence. The plain build skips that select: there a row past it loads +0, so its
     // value is +0 (K) or +-0 (Q: the factor is finite), and x only meets |x| and the code, to
@@ -683,12 +688,14 @@ SAGE_DEVICE void qk_body(const SageParams& p) {
       RawRow next[T::kQkPasses] = {};
       const int next_blk = qk_block(x_id, hq, rep + 1, q_blocks, group, kPer);
       if (rep + 1 < kPer && next_blk < blocks) fetch_block(next_blk, next);  // uniform
-      quantize_block(blk, raw);
+      quantize_block(blk, [&](RawRow(&rows)[T::kQkPasses]) {
+#pragma unroll
+        for (int pass = 0; pass < T::kQkPasses; ++pass) rows[pass] = raw[pass];
+      });
 #pragma unroll
       for (int pass = 0; pass < T::kQkPasses; ++pass) raw[pass] = next[pass];
     } else {
-      fetch_block(blk, raw);
-      quantize_block(blk, raw);
+      quantize_block(blk, [&](RawRow(&rows)[T::kQkPasses]) { fetch_block(blk, rows); });
     }
   }
 }
