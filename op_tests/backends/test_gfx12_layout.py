@@ -86,7 +86,7 @@ int main() {
   }
   printf("],\"qk_grid\":[");
   int qk_first = 1;
-  for (int per = 1; per <= 2; ++per) for (int group = 1; group <= 3; group += 2)
+  for (int per = 1; per <= 4; per *= 2) for (int group = 1; group <= 3; group += 2)
     for (int qb = 1; qb <= 5; qb += 2) for (int kb = 1; kb <= 7; kb += 3) {
       const int heads_q = 2 * group, xs = qk_workgroups(qb, kb, group, per);
       for (int x = 0; x < xs; ++x) for (int hq = 0; hq < heads_q; ++hq)
@@ -504,16 +504,16 @@ def test_k_mean_slices_hold_each_partial_of_each_chunk_once():
 
 
 def test_qk_grid_covers_every_scale_block_once():
-    """The qk grid (simt/prepare_layout.h qk_workgroups / qk_block) with one or two blocks per
-    workgroup: every Q block of every query head and every K block of every key/value head
-    (GQA groups 1 and 3: K blocks dealt round robin to the group's query heads) exactly once,
-    a workgroup's blocks consecutive in rep order, and nothing but blocks past the last
-    skipped."""
+    """The qk grid (simt/prepare_layout.h qk_workgroups / qk_block) with one, two or four blocks
+    per workgroup (four: the plain BF16 build at Dp 64): every Q block of every query head and
+    every K block of every key/value head (GQA groups 1 and 3: K blocks dealt round robin to the
+    group's query heads) exactly once, a workgroup's blocks consecutive in rep order, and nothing
+    but blocks past the last skipped."""
     d = layouts()
     cases = {}
     for per, group, qb, kb, x, hq, rep, is_q, blk in d["qk_grid"]:
         cases.setdefault((per, group, qb, kb), []).append((x, hq, rep, is_q, blk))
-    assert len(cases) == 2 * 2 * 3 * 3
+    assert len(cases) == 3 * 2 * 3 * 3
     for (per, group, qb, kb), rows in cases.items():
         q = [(hq, blk) for x, hq, rep, is_q, blk in rows if is_q and blk < qb]
         k = [(hq // group, blk) for x, hq, rep, is_q, blk in rows if not is_q and blk < kb]
