@@ -67,9 +67,11 @@ VARIABLES: tuple[EnvVar, ...] = (
         "`default`",
         "(measurements only) the cuda kernels' schedule: `overlap` (the FP8 kernels "
         "overlapped, not serial), `pingpong` (overlapped, warpgroups taking turns), "
-        "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V copies) "
-        "or `wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA per SM; "
-        "slower, and its P is off the contract's rounding grid on long key loops)",
+        "`shared192` (D 128: serial, three warpgroups of 64 rows sharing a CTA and its K/V "
+        "copies), `wide256` (D 128: serial, two warpgroups sharing 256-key K/V tiles, one CTA "
+        "per SM; slower, and its P is off the contract's rounding grid on long key loops) or "
+        "`overlap192` (overlapped on 192-key tiles, P double-buffered; P rounds on a 192-key "
+        "grid)",
         ("csrc/cuda/attention.cu",),
     ),
     # building modules

@@ -254,18 +254,20 @@ def nvcc_module(module: str, extra: tuple[str, ...], cwd, csrc: Path | None = No
     return proc.stdout + proc.stderr
 
 
-def cuda_attention_kernels(ptx: str) -> dict[tuple[int, bool, bool, int], str]:
-    """(head dim, FP16 P.V, serial schedule, consumer warpgroups) -> the PTX of the non-ping-pong
-    attention kernel of that variant, from the mangled names of attention_kernel<Traits<kDp,
-    kStages, kPingPong, kPv16, kWgs, kOHomeTiles, kSerial>>."""
+def cuda_attention_kernels(ptx: str) -> dict[tuple[int, bool, bool, int, int], str]:
+    """(head dim, FP16 P.V, serial schedule, consumer warpgroups, keys per tile) -> the PTX of the
+    non-ping-pong attention kernel of that variant, from the mangled names of
+    attention_kernel<Traits<kDp, kStages, kPingPong, kPv16, kWgs, kOHomeTiles, kSerial,
+    kBlockN>>."""
     found = {}
     for part in re.split(r"(?=^\.visible \.entry )", ptx, flags=re.M)[1:]:
         m = re.match(
-            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi(\d+)ELi\d+ELb([01])E",
+            r"\.visible \.entry \S*TraitsILi(\d+)ELi\d+ELb([01])ELb([01])ELi(\d+)ELi\d+"
+            r"ELb([01])ELi(\d+)E",
             part,
         )
         assert m, part[:200]
         if m.group(2) == "0":
             key = (int(m.group(1)), m.group(3) == "1", m.group(5) == "1", int(m.group(4)))
-            found[key] = part
+            found[(*key, int(m.group(6)))] = part
     return found

@@ -27,6 +27,8 @@
 //                    overlaps the PV of tile j-1 (two wgmma groups in flight); P is packed to
 //                    e4m3 only once that PV retired (no register of an in-flight wgmma is
 //                    written: ptxas would serialize the wgmmas, warning C7513).
+//                    With 192-key tiles (Traits::kDoubleP, AITER_SAGE_CUDA_SCHEDULE=overlap192)
+//                    P is double-buffered and packed during the softmax (key_loop_double_p).
 //
 // Layouts in shared memory (all K-major, the only major-ness wgmma takes for 8-bit operands):
 //   Q tile  [128 rows][Dp bytes], K tile [128 keys][Dp bytes], V tile [Dp channels][128 keys]
@@ -46,7 +48,8 @@
 //         the 2-row stride after the 4-row one, which the tensor-map rules do not list).
 //         FP16 P.V kernels: 3-D like Q (natural key order).
 //     V   3-D (kv_len keys, Hkv*Dp rows of kv_len_pad keys, B), box (128 keys, Dp, 1) (FP8) or
-//         (64 keys, Dp, 1) twice (FP16 codes, one copy per half): keys >= kv_len are
+//         (64 keys, Dp, 1) twice (FP16 codes, one copy per half; FP8 192-key tiles: three
+//         times, 64-byte swizzle, Traits::kVSwizzleBytes): keys >= kv_len are
 //         zero-filled by the TMA. They must be: padded keys get P = 0, but their V codes may be
 //         anything (NaN codes included), and 0 * NaN is NaN in the MMA.
 //         Keys in [kv_lens[b], kv_len) of a shorter entry are inside the map and are read:
@@ -158,6 +161,12 @@ struct Traits {
   // of 128 at D 64 (O is 32 registers), in CTAs of kWgs.
   // A wider key tile (kBlockN 256: S alone is 128 registers) leaves one CTA per SM.
   static constexpr bool kWide = kBlockN > kDefaultBlockN;
+  // P in two register buffers (the overlapped kernel with wider tiles, key_loop_double_p): the
+  // softmax of tile j packs P(j) into the buffer P.V(j - 2) read, while P.V(j - 1) still reads
+  // the other. So P is packed as the numerators come (kPackInSoftmax) even with a P.V in flight,
+  // and no tile's numerators are all live at once: S 96 + P 2 x 24 + O 64 registers at 192 keys.
+  static constexpr bool kDoubleP = !kSerial && kWide;
+  static_assert(!kDoubleP || (!kPingPong_ && !kPv16_), "double-buffered P is FP8 P.V's alone");
   static constexpr int kCtasPerSm = kSerial && !kWide ? (kDp == 64 ? 4 : 3) / kWgs : 1;
   static_assert(!kSerial || kWide || kCtasPerSm * kWgs == (kDp == 64 ? 4 : 3), "");
   static constexpr int kConsumerWarps = 4 * kWgs;
@@ -173,10 +182,13 @@ struct Traits {
   static constexpr int kVElemBytes = kPv16 ? 2 : 1;
   static constexpr int kPvK = kPv16 ? 16 : 32;  // keys per P.V wgmma (its k: 32 bytes of A)
   static constexpr int kPvSteps = kBlockN / kPvK;
-  // Bytes of one channel's keys in a V tile, and the 128-byte-row halves they are stored in.
+  // Bytes of one channel's keys in a V tile, and the swizzled parts they are stored in: rows of
+  // 128 bytes (the widest swizzle), or of 64 where a row is no whole number of 128 bytes (192
+  // e4m3 keys: three parts of 64 keys).
   static constexpr int kVRowBytes = kBlockN * kVElemBytes;
-  static constexpr int kVParts = kVRowBytes / kSwizzleBytes;
-  static constexpr int kVPartBytes = kDp * kSwizzleBytes;
+  static constexpr int kVSwizzleBytes = kVRowBytes % kSwizzleBytes == 0 ? kSwizzleBytes : 64;
+  static constexpr int kVParts = kVRowBytes / kVSwizzleBytes;
+  static constexpr int kVPartBytes = kDp * kVSwizzleBytes;
   static constexpr int kQBytes = kBlockM * kDp;
   static constexpr int kKBytes = kBlockN * kDp;
   static constexpr int kVBytes = kVParts * kVPartBytes;  // = kDp * kVRowBytes
@@ -195,14 +207,14 @@ struct Traits {
   static constexpr bool kEarlyKScales = kWgs == 2;
   // The folded exponent argument (kFoldMaxScale): the serial kernel only (no measurable change
   // on the overlapped D = 128 one; the three-warpgroup D = 64 one spilled its addends).
-  static constexpr bool kFoldScoreBias = kSerial;
+  static constexpr bool kFoldScoreBias = kSerial || kDoubleP;
   // softmax_tile packs P into the PV wgmma's A registers a k step at a time, as the numerators
   // come (pack_p_step): the serial kernel only, where no PV wgmma is in flight during the
   // softmax. Packed after the softmax, ptxas built the 16 A registers of a tile with 32 F2FP and
   // 16 PRMT (64 numerators live at once); packed as they come, 32 F2FP and no PRMT (H100, B1 H24
   // sage_core, alternating with the previous build in one call: S 32k 835 -> 847 TFLOPS, D 64
   // S 16k 571 -> 575).
-  static constexpr bool kPackInSoftmax = kSerial;
+  static constexpr bool kPackInSoftmax = kSerial || kDoubleP;
   // softmax_tile scales O by alpha (rescale_o) as soon as alpha is known, before the
   // numerators, so that the vote, its branch and the FMULs overlap the exponentials rather than
   // follow them: the serial kernel only, where no PV wgmma (O's writer) is in flight during the
@@ -216,9 +228,9 @@ struct Traits {
   static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 5 * kStages) + 1024;  // + alignment
   static_assert(kDp == 64 || kDp == 128, "");
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "two permuted K halves; wgmma n <= 256");
-  static_assert(kVRowBytes % kSwizzleBytes == 0, "V tile rows are whole 128-byte swizzle rows");
-  // Each 128-byte-swizzled part starts on a 1024-byte swizzle atom (the stage and the Q tile
-  // are multiples of it too).
+  static_assert(kVRowBytes % kVSwizzleBytes == 0, "V tile rows are whole swizzle rows");
+  // Each swizzled part starts on a 1024-byte swizzle atom (the stage and the Q tile are
+  // multiples of it too).
   static_assert(kVPartBytes % 1024 == 0 && kStageBytes % 1024 == 0 && kQBytes % 1024 == 0, "");
   static_assert(kSmemBytes <= 227 * 1024, "an sm_90 CTA has at most 227 KiB of shared memory");
   // An SM has 228 KiB of shared memory, 1 KiB of each CTA's reserved by the system.
@@ -232,15 +244,16 @@ struct Traits {
 // measurement knobs (AITER_SAGE_CUDA_SCHEDULE) select the others.
 enum Schedule : int {
   kScheduleDefault,
-  kScheduleOverlap,    // the overlapped FP8 kernels
-  kSchedulePingPong,   // the overlapped FP8 kernels, warpgroups taking turns
-  kScheduleShared192,  // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
-  kScheduleWide256,    // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
+  kScheduleOverlap,     // the overlapped FP8 kernels
+  kSchedulePingPong,    // the overlapped FP8 kernels, warpgroups taking turns
+  kScheduleShared192,   // D = 128: the serial FP8 kernel with three warpgroups (192 rows) per CTA
+  kScheduleWide256,     // D = 128: two serial warpgroups (128 rows) per CTA, 256-key tiles
+  kScheduleOverlap192,  // the overlapped FP8 kernels on 192-key tiles, P double-buffered
   kSchedules
 };
 // AITER_SAGE_CUDA_SCHEDULE's value of each Schedule, in its order.
-constexpr const char* kScheduleNames[kSchedules] = {"default", "overlap", "pingpong", "shared192",
-                                                    "wide256"};
+constexpr const char* kScheduleNames[kSchedules] = {"default",   "overlap", "pingpong",
+                                                    "shared192", "wide256", "overlap192"};
 template <int kDp, bool kPv16, int kSchedule>
 struct KernelTraitsOf {
   using type = Traits<kDp, 4, kSchedule == kSchedulePingPong && !kPv16, kPv16>;
@@ -281,6 +294,21 @@ struct KernelTraitsOf<kDp, false, kScheduleWide256> {
   using type =
       std::conditional_t<kDp == 128, Traits<kDp, 2, false, false, 2, kWideOHomeTiles, true, 256>,
                          typename KernelTraitsOf<kDp, false, kScheduleDefault>::type>;
+};
+// 192-key tiles move O home every 10 tiles (1920 keys per accumulator run, as near the 2048
+// of the 128-key kernels as whole tiles come).
+constexpr int kOverlap192OHomeTiles = 10;
+// The overlapped schedule (a producer warpgroup's TMA copies, Q.K^T of tile j in flight beside
+// P.V of tile j - 1) on 192-key tiles with P double-buffered (Traits::kDoubleP), two consumer
+// warpgroups of 64 rows: FlashAttention-3's FP8 structure (its tile is 224 keys), which runs
+// 1.11-1.26x our default kernel (docs/perf/2026-12-06-cuda-fa3-fp8.md). A row's running
+// maximum is taken per 192-key tile: the rounding grid of P is the kernel's tile (ref.py: "the
+// kernels follow the same steps, their tile sizes may differ"), so its exact-arithmetic
+// reference is accuracy_floor's at kv_tile 192. Two stages at D 128 (48 KiB each beside O's
+// 64 KiB home), four at D 64.
+template <int kDp>
+struct KernelTraitsOf<kDp, false, kScheduleOverlap192> {
+  using type = Traits<kDp, kDp == 128 ? 2 : 4, false, false, 2, kOverlap192OHomeTiles, false, 192>;
 };
 template <int kDp, bool kPv16, int kSchedule>
 using KernelTraits = typename KernelTraitsOf<kDp, kPv16, kSchedule>::type;
@@ -676,7 +704,8 @@ __device__ __forceinline__ float tree_max(const float* v) {
     return fmaxf(tree_max<kN / 2>(v), tree_max<kN - kN / 2>(v + kN / 2));
 }
 
-// Scores of one tile -> P fragments; returns alpha for the two rows. `masked`: apply the
+// Scores of one tile -> P fragments (into pa with Traits::kPackInSoftmax, else left in f);
+// returns alpha for the two rows. `masked`: apply the
 // key/causal masks (only tiles that reach past kv_len or the diagonal need it).
 //
 // Unmasked tiles (nearly all) take the row maximum on the integer scores of each 32-key
@@ -690,7 +719,8 @@ template <class T, bool kMasked>
 __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c,
                                              int (&s)[T::kTileScores], int key0,
                                              const float (&ks)[T::kScaleBlocks], float (&alpha)[2],
-                                             float (&f)[T::kTileScores]) {
+                                             float (&f)[T::kTileScores],
+                                             uint32_t (&pa)[T::kPvSteps][4]) {
   float sc[T::kScaleBlocks];
 #pragma unroll
   for (int blk = 0; blk < T::kScaleBlocks; ++blk) sc[blk] = c.qs * ks[blk];
@@ -755,7 +785,7 @@ __device__ __forceinline__ void softmax_tile(const SageParams& p, Consumer<T>& c
       sum[h][(i >> 2) & 3] += f[i];
       // A k step's A registers as soon as its numerators are there (Traits::kPackInSoftmax)
       if constexpr (T::kPackInSoftmax)
-        if ((i + 1) % kPStepValues<T> == 0) pack_p_step<T>(f, c.pa, i / kPStepValues<T>);
+        if ((i + 1) % kPStepValues<T> == 0) pack_p_step<T>(f, pa, i / kPStepValues<T>);
     }
   };
   if (fold) {
@@ -799,23 +829,31 @@ __device__ __forceinline__ QkDesc<T> qk_desc(const DescBase& base, int stage) {
   }
   return d;
 }
+// One k step of Q.K^T over a kN-key tile: the first one writes S, the others add to it.
+template <int kN>
+__device__ __forceinline__ void qk_step(int (&s)[kN / 2], uint64_t a, uint64_t b, bool first) {
+  static_assert(kN == 128 || kN == 192 || kN == 256, "gen_wgmma.py has n 128, 192 and 256");
+  if constexpr (kN == 256) {
+    if (first)
+      wgmma_m64n256k32_s32_s8s8_init(s, a, b);
+    else
+      wgmma_m64n256k32_s32_s8s8(s, a, b, 1);
+  } else if constexpr (kN == 192) {
+    if (first)
+      wgmma_m64n192k32_s32_s8s8_init(s, a, b);
+    else
+      wgmma_m64n192k32_s32_s8s8(s, a, b, 1);
+  } else {
+    if (first)
+      wgmma_m64n128k32_s32_s8s8_init(s, a, b);
+    else
+      wgmma_m64n128k32_s32_s8s8(s, a, b, 1);
+  }
+}
 template <class T>
 __device__ __forceinline__ void issue_qk(const QkDesc<T>& d, int (&s)[T::kTileScores]) {
-  static_assert(T::kBlockN == 128 || T::kBlockN == 256, "gen_wgmma.py has n 128 and 256");
 #pragma unroll
-  for (int kb = 0; kb < T::kDim / 32; ++kb) {
-    if constexpr (T::kBlockN == 256) {
-      if (kb == 0)
-        wgmma_m64n256k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
-      else
-        wgmma_m64n256k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
-    } else {
-      if (kb == 0)
-        wgmma_m64n128k32_s32_s8s8_init(s, d.a[kb], d.b[kb]);
-      else
-        wgmma_m64n128k32_s32_s8s8(s, d.a[kb], d.b[kb], 1);
-    }
-  }
+  for (int kb = 0; kb < T::kDim / 32; ++kb) qk_step<T::kBlockN>(s, d.a[kb], d.b[kb], kb == 0);
 }
 template <class T>
 struct PvDesc {
@@ -825,15 +863,15 @@ template <class T>
 __device__ __forceinline__ PvDesc<T> pv_desc(const DescBase& base, int stage) {
   PvDesc<T> d;
   const uint32_t v = base.v + uint32_t(stage) * desc_step(T::kStageBytes);
-  // Each k step reads 32 bytes of every V row: k step kb lies in 128-byte part
-  // kb / kStepsPerPart at byte 32 * (kb % kStepsPerPart) (one part for FP8).
+  // Each k step reads 32 bytes of every V row: k step kb lies in swizzled part
+  // kb / kStepsPerPart at byte 32 * (kb % kStepsPerPart) (one part for FP8 at 128 keys).
   constexpr int kStepBytes = 32;
-  constexpr int kStepsPerPart = kSwizzleBytes / kStepBytes;
+  constexpr int kStepsPerPart = T::kVSwizzleBytes / kStepBytes;
 #pragma unroll
   for (int kb = 0; kb < T::kPvSteps; ++kb)
     d.b[kb] = make_desc(
         v + desc_step((kb / kStepsPerPart) * T::kVPartBytes + kStepBytes * (kb % kStepsPerPart)),
-        kSwizzleBytes);
+        T::kVSwizzleBytes);
   return d;
 }
 // restart: O = P . V, dropping what O held (it is in O's home); otherwise O += P . V.
@@ -907,11 +945,28 @@ template <class T>
 __device__ __forceinline__ void softmax_any_tile(const SageParams& pk, Consumer<T>& c,
                                                  int (&s)[T::kTileScores], int key0, int wg_row0,
                                                  const float (&ks)[T::kScaleBlocks],
-                                                 float (&alpha)[2], float (&f)[T::kTileScores]) {
+                                                 float (&alpha)[2], float (&f)[T::kTileScores],
+                                                 uint32_t (&pa)[T::kPvSteps][4]) {
   if (tile_needs_mask<T>(pk, key0, wg_row0))
-    softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f);
+    softmax_tile<T, true>(pk, c, s, key0, ks, alpha, f, pa);
   else
-    softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f);
+    softmax_tile<T, false>(pk, c, s, key0, ks, alpha, f, pa);
+}
+
+// The overlapped loops' first Q.K^T (tile 0, stage 0), issued once Q and K have landed;
+// `turn` runs right before its wgmma fence (the ping-pong turn).
+template <class T, class Turn>
+__device__ __forceinline__ void first_qk(const Smem<T>& sm, const DescBase& db,
+                                         int (&s)[T::kTileScores], Turn turn) {
+  mbar_wait(sm.full_q(), 0);
+  mbar_wait(sm.full_k(0), 0);
+  QkDesc<T> qd = qk_desc<T>(db, 0);
+  reg_fence(qd.a);
+  reg_fence(qd.b);
+  turn();
+  wgmma_fence();
+  issue_qk<T>(qd, s);
+  wgmma_commit();
 }
 
 // The overlapped key loop (Traits::kSerial false): QK of tile j in flight with PV of tile j-1.
@@ -936,23 +991,12 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
   float ks[T::kScaleBlocks], ks_next[T::kScaleBlocks];
   load_k_scales<T>(pk, 0, ks);
   if constexpr (T::kEarlyKScales) load_k_scales<T>(pk, T::kBlockN, ks_next);
-  mbar_wait(sm.full_q(), 0);
-  // Tile 0.
-  mbar_wait(sm.full_k(0), 0);
-  {
-    QkDesc<T> qd = qk_desc<T>(db, 0);
-    reg_fence(qd.a);
-    reg_fence(qd.b);
-    my_turn();
-    wgmma_fence();
-    issue_qk<T>(qd, s);
-  }
-  wgmma_commit();
+  first_qk<T>(sm, db, s, my_turn);
   pass();
   wgmma_wait<0>();
   reg_fence(s);
   float f[T::kTileScores];
-  softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f);
+  softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f, c.pa);
   pack_p<T>(f, c.pa);
 
   for (int j = 1; j < w.n_tiles; ++j) {
@@ -982,7 +1026,7 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
     wgmma_wait<1>();  // QK of tile j done; PV of tile j-1 still running
     reg_fence(s);
     if constexpr (!T::kEarlyKScales) load_k_scales<T>(pk, key0, ks);
-    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f);
+    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f, c.pa);
     wgmma_wait<0>();
     reg_fence(c.o);
     reg_fence(c.pa);
@@ -1008,6 +1052,97 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
     wgmma_wait<0>();
     reg_fence(c.o);
     if (lane == 0) mbar_arrive(sm.empty(last));
+  }
+}
+
+// The overlapped key loop with P double-buffered (Traits::kDoubleP): as key_loop_overlapped
+// (Q.K^T of tile j in flight with P.V of tile j - 1, the softmax of j beside that P.V), but the
+// softmax packs P(j) into the other buffer as its numerators come, and folds the exponent's
+// bias (Traits::kFoldScoreBias); O is rescaled once P.V(j - 1) retired. The buffers alternate
+// with the tiles' parity (c.pa the even tiles', pb the odd ones'): the loop runs two tiles a
+// turn so that each buffer is a fixed set of registers.
+template <class T>
+__device__ __forceinline__ void key_loop_double_p(const SageParams& pk, const Work& w,
+                                                  const Smem<T>& sm, Consumer<T>& c, int wg,
+                                                  int wg_row0, int lane) {
+  static_assert(T::kPackInSoftmax && !T::kRescaleInSoftmax && T::kEarlyKScales, "");
+  using PFrag = uint32_t[T::kPvSteps][4];
+  const DescBase db = desc_base(sm, wg);
+  int s[T::kTileScores];
+  float alpha[2], f[T::kTileScores], ks[T::kScaleBlocks];
+  PFrag pb;
+  load_k_scales<T>(pk, 0, ks);
+  first_qk<T>(sm, db, s, [] {});
+  wgmma_wait<0>();
+  reg_fence(s);
+  softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f, c.pa);
+  // Step j: Q.K^T(j) and P.V(j - 1) (P in `prev`), the softmax of j into `cur`.
+  const auto step = [&](int j, PFrag& prev, PFrag& cur) {
+    // j opaque here and again at the step's end: the stage and barrier values derived from it
+    // are then formed where they are used, not kept (or spilled) across the softmax.
+    asm volatile("" : "+r"(j));
+    const int st = j % T::kStages, pst = (j - 1) % T::kStages;
+    const int key0 = j * T::kBlockN;
+    mbar_wait(sm.full_k(st), (j / T::kStages) & 1);
+    mbar_wait(sm.full_v(pst), ((j - 1) / T::kStages) & 1);
+    // The descriptors from the base words anew each step: hoisted out of the loop as
+    // invariants (Q's), they held 8 registers across it and were spilled.
+    DescBase b = db;
+    asm volatile("" : "+r"(b.q), "+r"(b.k), "+r"(b.v));
+    QkDesc<T> qd = qk_desc<T>(b, st);
+    PvDesc<T> vd = pv_desc<T>(b, pst);
+    reg_fence(qd.a);
+    reg_fence(qd.b);
+    reg_fence(vd.b);
+    reg_fence(prev);
+    reg_fence(c.o);
+    wgmma_fence();
+    issue_qk<T>(qd, s);
+    wgmma_commit();
+    issue_pv<T>(vd, c.o, prev, o_moves_home_at<T>(j - 1));
+    wgmma_commit();
+    // The K scales load under the wgmmas (as the serial kernel's): held from before their
+    // issue, they were six more registers live where S, both P.V operands and O are.
+    load_k_scales<T>(pk, key0, ks);
+    wgmma_wait<1>();  // Q.K^T of tile j done; P.V of tile j - 1 still running
+    reg_fence(s);
+    softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f, cur);
+    wgmma_wait<0>();
+    // prev stays live to here: its registers must not take the softmax's values while the
+    // P.V reads them.
+    reg_fence(c.o);
+    reg_fence(prev);
+    asm volatile("" : "+r"(j));
+    if (lane == 0) mbar_arrive(sm.empty((j - 1) % T::kStages));
+    rescale_o(c, alpha);
+    if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
+  };
+  // P.V of the last tile (P in `pa`).
+  const auto last_pv = [&](PFrag& pa) {
+    const int last = (w.n_tiles - 1) % T::kStages;
+    mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
+    PvDesc<T> vd = pv_desc<T>(db, last);
+    reg_fence(vd.b);
+    reg_fence(pa);
+    reg_fence(c.o);
+    wgmma_fence();
+    issue_pv<T>(vd, c.o, pa, o_moves_home_at<T>(w.n_tiles - 1));
+    wgmma_commit();
+    wgmma_wait<0>();
+    reg_fence(c.o);
+    if (lane == 0) mbar_arrive(sm.empty(last));
+  };
+  for (int j = 1;; j += 2) {
+    if (j >= w.n_tiles) {
+      last_pv(c.pa);
+      break;
+    }
+    step(j, c.pa, pb);
+    if (j + 1 >= w.n_tiles) {
+      last_pv(pb);
+      break;
+    }
+    step(j + 1, pb, c.pa);
   }
 }
 
@@ -1064,7 +1199,7 @@ __device__ __forceinline__ void key_loop_serial(const SageParams& pk, const Maps
     if (next && last_to_release<T>(sm.released(st, 0))) load_k(maps, w, sm, j + T::kStages);
     // The softmax, P packed and O rescaled with it; the warpgroup's first row from c.row0, not
     // kept across the loop (with three warpgroups per CTA that cost a spill).
-    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);
+    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f, c.pa);
     mbar_wait(sm.full_v(st), phase);
     {
       PvDesc<T> vd = pv_desc<T>(db, st);
@@ -1116,6 +1251,8 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
 
   if constexpr (T::kSerial)
     key_loop_serial<T>(pk, maps, w, sm, c);
+  else if constexpr (T::kDoubleP)
+    key_loop_double_p<T>(pk, w, sm, c, wg, wg_row0, lane);
   else
     key_loop_overlapped<T>(pk, w, sm, c, wg, wg_row0, lane);
   if (o_home_used) merge_o_home<T, false>(sm, c);
@@ -1136,6 +1273,9 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
   // prologue: its integer division's result stayed live across the key loop and, at the four
   // CTAs per SM of the D = 64 serial kernel (128 registers), was spilled.
   const int64_t hkv_out = head_index(p.heads_kv, w.b, kv_head_of(p, ctaid_y()));
+  // Likewise the query head's index where the 192-key kernel's registers are short (kept
+  // across its key loop, it was spilled).
+  const int64_t hq_out = T::kDoubleP ? head_index(p.heads_q, w.b, ctaid_y()) : hq_lin;
   const float* vs = p.v_scale + hkv_out * T::kDim;
   uint16_t* out = halves(p.out);
   const bool fp16 = p.out_dtype == SAGE_DTYPE_FP16;
@@ -1171,7 +1311,7 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
       float lse = -INFINITY;
       if (real) {
         float l2 = c.m[h] + log2f(c.l[h]) - kExpOffset;
-        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_lin, p.q_len_pad, row)];
+        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_out, p.q_len_pad, row)];
         lse = l2 * kLn2;
       }
       p.lse[lse_offset(p, w.b, w.hq, row)] = lse;
@@ -1301,12 +1441,14 @@ int encode_maps(const SageParams& p, sage::sm90::Maps* m) {
       return 1;
   }
   const u64 v_elem = T::kVElemBytes, v_rows = u64(p.heads_kv) * kDp;
-  const cuuint32_t v_box = kN / T::kVParts;  // keys of one 128-byte row
+  const cuuint32_t v_box = kN / T::kVParts;  // keys of one swizzled row
+  const CUtensorMapSwizzle v_swizzle =
+      T::kVSwizzleBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   if (encode<3>(&m->v, "V",
                 T::kPv16 ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8,
                 T::kPv16 ? static_cast<const void*>(p.v16) : static_cast<const void*>(p.v8),
                 {u64(p.kv_len), v_rows, b}, {kv_pad * v_elem, v_rows * kv_pad * v_elem},
-                {v_box, kDp, 1}, CU_TENSOR_MAP_SWIZZLE_128B))
+                {v_box, kDp, 1}, v_swizzle))
     return 1;
   return 0;
 }
@@ -1408,6 +1550,8 @@ SAGE_EXPORT int sage_attention_run(const SageParams* params, void* stream) {
       return launch_schedule<s9::kScheduleShared192>(p, st);
     case s9::kScheduleWide256:
       return launch_schedule<s9::kScheduleWide256>(p, st);
+    case s9::kScheduleOverlap192:
+      return launch_schedule<s9::kScheduleOverlap192>(p, st);
     default:
       return launch_schedule<s9::kScheduleDefault>(p, st);
   }

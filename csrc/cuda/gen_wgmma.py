@@ -109,7 +109,7 @@ namespace sm90 {
 """
 
 body = [
-    qk(128), qk_init(128), qk(256), qk_init(256),
+    qk(128), qk_init(128), qk(192), qk_init(192), qk(256), qk_init(256),
     pv(128, "e4m3"), pv(64, "e4m3"), pv(128, "f16"), pv(64, "f16"),
 ]  # fmt: skip
 FOOTER = "\n\n}  // namespace sm90\n}  // namespace sage\n// clang-format on\n"

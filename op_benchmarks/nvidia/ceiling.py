@@ -36,7 +36,8 @@ KERNEL = Path("csrc/cuda/attention.cu")
 STRIP = {
     "mma": [
         (
-            "    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f);\n",
+            "    softmax_any_tile<T>(pk, c, s, key0, c.row0 - 16 * c.warp - c.g, ks, alpha, f, "
+            "c.pa);\n",
             "    {  // ceiling.py mma: no softmax; P from S's bits (finite e4m3 up to 120)\n"
             "#pragma unroll\n"
             "      for (int kb = 0; kb < T::kPvSteps; ++kb)\n"

@@ -65,16 +65,18 @@ def test_attention_ptx_uses_wgmma(attention_build):
     _, ptx = attention_build
     kernels = cuda_attention_kernels(ptx)
     # the default FP8 kernels are the serial ones (one warpgroup per CTA); the overlapped ones
-    # and D 128's three-warpgroup and two-warpgroup (256-key tiles) serial kernels stay for the
-    # AITER_SAGE_CUDA_SCHEDULE knob
+    # (128-key tiles, and 192-key tiles with P double-buffered) and D 128's three-warpgroup and
+    # two-warpgroup (256-key tiles) serial kernels stay for the AITER_SAGE_CUDA_SCHEDULE knob
     assert set(kernels) == {
-        (64, False, True, 1), (64, False, False, 3), (128, False, True, 3), (128, False, True, 1),
-        (128, False, True, 2), (128, False, False, 2), (64, True, False, 2), (128, True, False, 2),
+        (64, False, True, 1, 128), (64, False, False, 3, 128), (128, False, True, 3, 128),
+        (128, False, True, 1, 128), (128, False, True, 2, 256), (128, False, False, 2, 128),
+        (64, True, False, 2, 128), (128, True, False, 2, 128), (64, False, False, 2, 192),
+        (128, False, False, 2, 192),
     }  # fmt: skip
     wgmma = r"wgmma\.mma_async\.sync\.aligned\."
-    for (d, fp16_pv, serial, wgs), body in kernels.items():
-        wide = serial and wgs == 2  # 256 keys a tile
-        assert re.search(wgmma + rf"m64n{256 if wide else 128}k32\.s32\.s8\.s8", body), d  # Q.K^T
+    for (d, fp16_pv, serial, wgs, n), body in kernels.items():
+        wide = n > 128
+        assert re.search(wgmma + rf"m64n{n}k32\.s32\.s8\.s8", body), d  # Q.K^T
         pv = rf"m64n{d}k16\.f32\.f16\.f16" if fp16_pv else rf"m64n{d}k32\.f32\.e4m3\.e4m3"
         other = rf"m64n{d}k32\.f32\.e4m3" if fp16_pv else rf"m64n{d}k16\.f32\.f16"
         assert re.search(wgmma + pv, body), (d, fp16_pv)
@@ -281,6 +283,34 @@ def test_long_key_loop_keeps_the_formats_exact_result():
     assert drift < 0.0028, drift
 
 
+DRIFT_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, {repo!r})
+    sys.path.insert(0, {repo!r} + "/op_benchmarks")
+    import aiter_sage
+    from accuracy_floor import exact_from_prepared
+    g = torch.Generator().manual_seed(6)
+    s = 16384
+    q, k, v = (torch.randn(1, s, 2, 128, generator=g).to(torch.bfloat16).cuda() for _ in range(3))
+    p = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cuda")
+    out = aiter_sage.gfx1201_sage_attention_fwd(*p, s, backend="cuda")[:, :s].double()
+    exact = exact_from_prepared(p, s, kv_tile={kv_tile})
+    print(json.dumps(((out - exact).norm() / exact.norm()).item()))
+    """
+)
+
+
+def test_192_key_tiles_keep_the_formats_exact_result_on_their_grid():
+    """The overlapped kernel on 192-key tiles (overlap192) takes a row's maximum per tile, so its
+    P rounds on a 192-key grid: against the exact arithmetic on that grid it stays within the
+    default kernel's bound over a 16k-key loop (O moved home every 10 tiles)."""
+    _need_sm90()
+    env = {**os.environ, "AITER_SAGE_CUDA_SCHEDULE": "overlap192"}
+    drift = child_json(DRIFT_CHILD.format(repo=str(REPO), kv_tile=192), env=env)
+    assert drift < 0.0028, drift
+
+
 # (head dim, causal, S). 2200 rows: the last 192-row CTA has 88 (one warpgroup full, one
 # partly, one past q_len); 18 key tiles, so O moves to its home (and D 64 causal: masked
 # tiles over 18 key tiles in the D 64 kernels).
@@ -317,7 +347,7 @@ def default_schedule_outputs(tmp_path_factory):
     return _schedule_outputs("default", tmp_path_factory.mktemp("schedules"))
 
 
-@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong", "wide256"])
+@pytest.mark.parametrize("schedule", ["shared192", "overlap", "pingpong", "wide256", "overlap192"])
 def test_measurement_schedules_compute_the_default_result(
     schedule, default_schedule_outputs, tmp_path
 ):
@@ -326,9 +356,13 @@ def test_measurement_schedules_compute_the_default_result(
     warpgroups share only the K/V copies): the same bits without causal; under causal
     the warpgroups of a CTA's earlier rows run its later rows' tiles too, masked (P = 0), and O
     moves to its home at steps where the 64-row CTA had ended. The overlapped kernels form the
-    exponent's argument in two steps (no folded bias). The 256-key tiles (wide256) take a row's
-    running maximum over twice the keys at a time, so P's first 128 keys of a tile round against
-    a later maximum where it rose in the second 128."""
+    exponent's argument in two steps (no folded bias). The 256- and 192-key tiles (wide256,
+    overlap192) take a row's running maximum over more keys at a time, so P's first keys of a
+    tile round against a later maximum where it rose in the rest. On a 192-key grid the tiles
+    also end at other keys than the default's 128-key ones (H100: 0.007-0.016 from the default
+    on these cases, while both are 0.0386-0.0391 from the FP32 reference at S 4k-32k): bound
+    0.02; test_192_key_tiles_keep_the_formats_exact_result_on_their_grid checks that kernel
+    against the format's exact result on its own grid."""
     _need_sm90()
     other = _schedule_outputs(schedule, tmp_path)
     for case, a, b in zip(SCHEDULE_CASES, default_schedule_outputs, other, strict=True):
@@ -338,7 +372,7 @@ def test_measurement_schedules_compute_the_default_result(
             torch.testing.assert_close(b, a, rtol=0, atol=0)
         else:
             rel = ((b.float() - a.float()).norm() / a.float().norm()).item()
-            assert rel < 0.01, (schedule, case, rel)
+            assert rel < (0.02 if schedule == "overlap192" else 0.01), (schedule, case, rel)
 
 
 SANITIZED = textwrap.dedent(
@@ -364,8 +398,10 @@ SANITIZED = textwrap.dedent(
 )
 
 
+# overlap192: the overlapped kernel on 192-key tiles (2200 keys: 12 tiles, O home every 10)
+@pytest.mark.parametrize("schedule", ["default", "overlap192"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
-def test_compute_sanitizer(tool, tmp_path):
+def test_compute_sanitizer(tool, schedule, tmp_path):
     _need_sm90()
     sanitizer = shutil.which("compute-sanitizer") or (
         "/usr/local/cuda/bin/compute-sanitizer"
@@ -381,10 +417,12 @@ def test_compute_sanitizer(tool, tmp_path):
     cmd = [sanitizer, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script)]
     if tool == "racecheck":
         cmd[3:3] = ["--racecheck-report", "all"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=os.environ.copy())
+    env = {**os.environ, "AITER_SAGE_CUDA_SCHEDULE": schedule}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env)
     text = proc.stdout + proc.stderr
     if os.environ.get("SAGE_SANITIZER_LOG_DIR"):  # the whole report, for a device run's $OUT
-        with open(os.path.join(os.environ["SAGE_SANITIZER_LOG_DIR"], f"{tool}.log"), "w") as f:
+        log = os.path.join(os.environ["SAGE_SANITIZER_LOG_DIR"], f"{tool}_{schedule}.log")
+        with open(log, "w") as f:
             f.write(text)
     assert proc.returncode == 0 and "sanitized run done" in text, text[-4000:]
     assert "ERROR SUMMARY: 0 errors" in text or "RACECHECK SUMMARY: 0 hazards" in text, text[-4000:]

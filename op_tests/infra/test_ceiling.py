@@ -38,7 +38,8 @@ def test_each_edit_matches_the_kernel_once():
 
 @pytest.fixture(scope="module")
 def stripped_ptx(tmp_path_factory):
-    """variant -> {(head dim, warpgroups): PTX} of its serial FP8 attention kernels."""
+    """variant -> {(head dim, warpgroups, keys per tile): PTX} of its serial FP8 attention
+    kernels."""
     nvcc_or_fail()
     ptx = {}
     for variant in ("default", "mma", "softmax"):
@@ -47,7 +48,9 @@ def stripped_ptx(tmp_path_factory):
         module = "module_gfx1201_sage_attention"
         nvcc_module(module, ("-ptx", "-o", "a.ptx"), tmp, csrc=copy / "csrc")
         kernels = cuda_attention_kernels((tmp / "a.ptx").read_text())
-        ptx[variant] = {(d, wgs): body for (d, _, serial, wgs), body in kernels.items() if serial}
+        ptx[variant] = {
+            (d, wgs, n): body for (d, _, serial, wgs, n), body in kernels.items() if serial
+        }
     return ptx
 
 
