@@ -969,6 +969,28 @@ __device__ __forceinline__ void first_qk(const Smem<T>& sm, const DescBase& db,
   wgmma_commit();
 }
 
+// The overlapped loops' last P.V (P in `pa`), once the last tile's V has landed; `turn` runs
+// right before its wgmma fence, `committed` right after its commit (the ping-pong turns).
+template <class T, class Turn, class Committed>
+__device__ __forceinline__ void last_pv(const Smem<T>& sm, const DescBase& db, const Work& w,
+                                        Consumer<T>& c, uint32_t (&pa)[T::kPvSteps][4], int lane,
+                                        Turn turn, Committed committed) {
+  const int last = (w.n_tiles - 1) % T::kStages;
+  mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
+  PvDesc<T> vd = pv_desc<T>(db, last);
+  reg_fence(vd.b);
+  reg_fence(pa);
+  reg_fence(c.o);
+  turn();
+  wgmma_fence();
+  issue_pv<T>(vd, c.o, pa, o_moves_home_at<T>(w.n_tiles - 1));
+  wgmma_commit();
+  committed();
+  wgmma_wait<0>();
+  reg_fence(c.o);
+  if (lane == 0) mbar_arrive(sm.empty(last));
+}
+
 // The overlapped key loop (Traits::kSerial false): QK of tile j in flight with PV of tile j-1.
 template <class T>
 __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const Work& w,
@@ -1037,22 +1059,9 @@ __device__ __forceinline__ void key_loop_overlapped(const SageParams& pk, const 
     // After P's packing: f is dead there.
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
   }
-  {
-    const int last = (w.n_tiles - 1) % T::kStages;
-    mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
-    PvDesc<T> vd = pv_desc<T>(db, last);
-    reg_fence(vd.b);
-    reg_fence(c.pa);
-    reg_fence(c.o);
-    my_turn();
-    wgmma_fence();
-    issue_pv<T>(vd, c.o, c.pa, o_moves_home_at<T>(w.n_tiles - 1));
-    wgmma_commit();
+  last_pv<T>(sm, db, w, c, c.pa, lane, my_turn, [&] {
     if (wg == 0) pass();
-    wgmma_wait<0>();
-    reg_fence(c.o);
-    if (lane == 0) mbar_arrive(sm.empty(last));
-  }
+  });
 }
 
 // The overlapped key loop with P double-buffered (Traits::kDoubleP): as key_loop_overlapped
@@ -1065,14 +1074,15 @@ template <class T>
 __device__ __forceinline__ void key_loop_double_p(const SageParams& pk, const Work& w,
                                                   const Smem<T>& sm, Consumer<T>& c, int wg,
                                                   int wg_row0, int lane) {
-  static_assert(T::kPackInSoftmax && !T::kRescaleInSoftmax && T::kEarlyKScales, "");
+  static_assert(T::kPackInSoftmax && !T::kRescaleInSoftmax, "");
   using PFrag = uint32_t[T::kPvSteps][4];
   const DescBase db = desc_base(sm, wg);
   int s[T::kTileScores];
   float alpha[2], f[T::kTileScores], ks[T::kScaleBlocks];
   PFrag pb;
   load_k_scales<T>(pk, 0, ks);
-  first_qk<T>(sm, db, s, [] {});
+  const auto none = [] {};  // no turns between the warpgroups
+  first_qk<T>(sm, db, s, none);
   wgmma_wait<0>();
   reg_fence(s);
   softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f, c.pa);
@@ -1117,29 +1127,14 @@ __device__ __forceinline__ void key_loop_double_p(const SageParams& pk, const Wo
     rescale_o(c, alpha);
     if (o_moves_home_at<T>(j)) merge_o_home<T, true>(sm, c);
   };
-  // P.V of the last tile (P in `pa`).
-  const auto last_pv = [&](PFrag& pa) {
-    const int last = (w.n_tiles - 1) % T::kStages;
-    mbar_wait(sm.full_v(last), ((w.n_tiles - 1) / T::kStages) & 1);
-    PvDesc<T> vd = pv_desc<T>(db, last);
-    reg_fence(vd.b);
-    reg_fence(pa);
-    reg_fence(c.o);
-    wgmma_fence();
-    issue_pv<T>(vd, c.o, pa, o_moves_home_at<T>(w.n_tiles - 1));
-    wgmma_commit();
-    wgmma_wait<0>();
-    reg_fence(c.o);
-    if (lane == 0) mbar_arrive(sm.empty(last));
-  };
   for (int j = 1;; j += 2) {
     if (j >= w.n_tiles) {
-      last_pv(c.pa);
+      last_pv<T>(sm, db, w, c, c.pa, lane, none, none);
       break;
     }
     step(j, c.pa, pb);
     if (j + 1 >= w.n_tiles) {
-      last_pv(pb);
+      last_pv<T>(sm, db, w, c, pb, lane, none, none);
       break;
     }
     step(j + 1, pb, c.pa);
@@ -1273,9 +1268,6 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
   // prologue: its integer division's result stayed live across the key loop and, at the four
   // CTAs per SM of the D = 64 serial kernel (128 registers), was spilled.
   const int64_t hkv_out = head_index(p.heads_kv, w.b, kv_head_of(p, ctaid_y()));
-  // Likewise the query head's index where the 192-key kernel's registers are short (kept
-  // across its key loop, it was spilled).
-  const int64_t hq_out = T::kDoubleP ? head_index(p.heads_q, w.b, ctaid_y()) : hq_lin;
   const float* vs = p.v_scale + hkv_out * T::kDim;
   uint16_t* out = halves(p.out);
   const bool fp16 = p.out_dtype == SAGE_DTYPE_FP16;
@@ -1311,7 +1303,7 @@ __device__ void consume(const SageParams& p, const Maps& maps, const Work& w, co
       float lse = -INFINITY;
       if (real) {
         float l2 = c.m[h] + log2f(c.l[h]) - kExpOffset;
-        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_out, p.q_len_pad, row)];
+        if (p.lse_corr) l2 += p.lse_corr[lse_corr_offset(hq_lin, p.q_len_pad, row)];
         lse = l2 * kLn2;
       }
       p.lse[lse_offset(p, w.b, w.hq, row)] = lse;

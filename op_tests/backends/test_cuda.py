@@ -264,26 +264,7 @@ def test_torch_compile_and_opcheck():
     )
 
 
-def test_long_key_loop_keeps_the_formats_exact_result():
-    """A 16k-key loop moves O to its FP32 home in shared memory every 16 tiles: the kernel stays
-    as close to the exact-arithmetic result of its own prepared tensors and e4m3 P as over a
-    short loop. With O accumulated in the e4m3 wgmma alone for all 128 tiles it drifted (H200,
-    randn, kernel vs exact: 0.0022 at 4k keys, 0.0038 at 16k, 0.0053 at 32k; with the home
-    0.0018-0.0019 at all three)."""
-    _need_sm90()
-    sys.path.insert(0, str(REPO / "op_benchmarks"))
-    from accuracy_floor import exact_from_prepared
-
-    s = 16384
-    q, k, v = _inputs(s=s, h=2, seed=6)
-    p = aiter_sage.gfx1201_sage_prepare(q, k, v, backend="cuda")
-    out = aiter_sage.gfx1201_sage_attention_fwd(*p, s, backend="cuda")[:, :s].double()
-    exact = exact_from_prepared(p, s)
-    drift = ((out - exact).norm() / exact.norm()).item()
-    assert drift < 0.0028, drift
-
-
-DRIFT_CHILD = textwrap.dedent(
+LONG_KEY_LOOP_CHILD = textwrap.dedent(
     """
     import json, sys, torch
     sys.path.insert(0, {repo!r})
@@ -301,14 +282,19 @@ DRIFT_CHILD = textwrap.dedent(
 )
 
 
-def test_192_key_tiles_keep_the_formats_exact_result_on_their_grid():
-    """The overlapped kernel on 192-key tiles (overlap192) takes a row's maximum per tile, so its
-    P rounds on a 192-key grid: against the exact arithmetic on that grid it stays within the
-    default kernel's bound over a 16k-key loop (O moved home every 10 tiles)."""
+# (schedule, its key tile: the grid a row's maximum, and so P's rounding, is taken on)
+@pytest.mark.parametrize("schedule, kv_tile", [("default", 128), ("overlap192", 192)])
+def test_long_key_loop_keeps_the_formats_exact_result(schedule, kv_tile):
+    """A 16k-key loop moves O to its FP32 home in shared memory every 16 tiles (every 10 on the
+    192-key tiles of overlap192): the kernel stays as close to the exact-arithmetic result of its
+    own prepared tensors and e4m3 P, on its own tile's rounding grid, as over a short loop. With
+    O accumulated in the e4m3 wgmma alone for all 128 tiles it drifted (H200, randn, kernel vs
+    exact: 0.0022 at 4k keys, 0.0038 at 16k, 0.0053 at 32k; with the home 0.0018-0.0019 at all
+    three). One child process per schedule (the kernels read AITER_SAGE_CUDA_SCHEDULE once)."""
     _need_sm90()
-    env = {**os.environ, "AITER_SAGE_CUDA_SCHEDULE": "overlap192"}
-    drift = child_json(DRIFT_CHILD.format(repo=str(REPO), kv_tile=192), env=env)
-    assert drift < 0.0028, drift
+    env = {**os.environ, "AITER_SAGE_CUDA_SCHEDULE": schedule}
+    drift = child_json(LONG_KEY_LOOP_CHILD.format(repo=str(REPO), kv_tile=kv_tile), env=env)
+    assert drift < 0.0028, (schedule, drift)
 
 
 # (head dim, causal, S). 2200 rows: the last 192-row CTA has 88 (one warpgroup full, one
@@ -361,8 +347,8 @@ def test_measurement_schedules_compute_the_default_result(
     tile round against a later maximum where it rose in the rest. On a 192-key grid the tiles
     also end at other keys than the default's 128-key ones (H100: 0.007-0.016 from the default
     on these cases, while both are 0.0386-0.0391 from the FP32 reference at S 4k-32k): bound
-    0.02; test_192_key_tiles_keep_the_formats_exact_result_on_their_grid checks that kernel
-    against the format's exact result on its own grid."""
+    0.02; test_long_key_loop_keeps_the_formats_exact_result checks that kernel against the
+    format's exact result on its own grid."""
     _need_sm90()
     other = _schedule_outputs(schedule, tmp_path)
     for case, a, b in zip(SCHEDULE_CASES, default_schedule_outputs, other, strict=True):
