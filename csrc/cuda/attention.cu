@@ -225,7 +225,8 @@ struct Traits {
   // Barriers after the tiles: fullQ, fullK[s], fullV[s], empty[s]; then the serial kernels'
   // release counters (Smem::released), one 8-byte slot each for stage s's K and V.
   static constexpr int kBarOffset = kOHomeOffset + kOHomeBytes;
-  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + 5 * kStages) + 1024;  // + alignment
+  // + empty_k[s] (kDoubleP) and the alignment
+  static constexpr int kSmemBytes = kBarOffset + 8 * (1 + (kDoubleP ? 6 : 5) * kStages) + 1024;
   static_assert(kDp == 64 || kDp == 128, "");
   static_assert(kBlockN % 64 == 0 && kBlockN <= 256, "two permuted K halves; wgmma n <= 256");
   static_assert(kVRowBytes % kVSwizzleBytes == 0, "V tile rows are whole swizzle rows");
@@ -305,7 +306,15 @@ constexpr int kOverlap192OHomeTiles = 10;
 // maximum is taken per 192-key tile: the rounding grid of P is the kernel's tile (ref.py: "the
 // kernels follow the same steps, their tile sizes may differ"), so its exact-arithmetic
 // reference is accuracy_floor's at kv_tile 192. Two stages at D 128 (48 KiB each beside O's
-// 64 KiB home), four at D 64.
+// 64 KiB home), four at D 64. H100, B1 H24 sage_core beside the default in one call (TFLOPS):
+// S 32k 854 vs 851, 16k 802 vs 837, Flux's 4608 659 vs 714, causal 16k 749 vs 779, D 64 446 vs
+// 588. Its steady state per key is ~7 % faster than the default's, but each CTA (one per SM)
+// pays ~10 us of fill and epilogue alone that three CTAs per SM hide behind each other.
+// Measured slower on top of it: the warpgroups taking turns at the wgmma issues (named
+// barriers, FlashAttention-3's scheduler barrier: 760 / 812 at S 16k / 32k), V copied a tile
+// behind K (level), and the kernel persistent (one CTA per SM over the items, the producer
+// copying the next item's Q and K/V during the epilogue: 742 / 793 at S 16k / 32k, 564 causal
+// from a static share of the items; docs/perf/2026-12-07-overlap192-persistent.patch).
 template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleOverlap192> {
   using type = Traits<kDp, kDp == 128 ? 2 : 4, false, false, 2, kOverlap192OHomeTiles, false, 192>;
@@ -504,6 +513,8 @@ struct Smem {
   __device__ uint32_t full_k(int s) const { return bar(1 + s); }
   __device__ uint32_t full_v(int s) const { return bar(1 + T::kStages + s); }
   __device__ uint32_t empty(int s) const { return bar(1 + 2 * T::kStages + s); }
+  // Traits::kDoubleP: stage s's K slot free (its Q.K^T retired); empty(s) then frees its V.
+  __device__ uint32_t empty_k(int s) const { return bar(1 + 5 * T::kStages + s); }
   __device__ int* released(int s, int kv) const {  // warpgroups done with stage s's K / V
     return reinterpret_cast<int*>(base + T::kBarOffset + 8 * (1 + 3 * T::kStages + 2 * s + kv));
   }
@@ -581,8 +592,16 @@ __device__ void produce(const Maps& m, const Work& w, const Smem<T>& sm) {
   load_q(m, w, sm);
   for (int j = 0; j < w.n_tiles; ++j) {
     const int s = j % T::kStages;
-    if (j >= T::kStages) mbar_wait(sm.empty(s), ((j / T::kStages) - 1) & 1);
+    const int phase = ((j / T::kStages) - 1) & 1;
+    // kDoubleP: K and V freed apart (empty_k once the stage's Q.K^T retired, empty once its
+    // P.V did), so the next K lands while the previous tile's P.V runs. With one barrier for
+    // both and two stages, each step waited for its K copy (H100, B1 H24 S 8192, Nsight
+    // Compute: 1.69 -> 0.74 long-scoreboard stalls per issued instruction, issue slots busy
+    // 34.6 -> 44.6 %; sage_core 637 -> 804 TFLOPS at S 16k, 638 -> 850 at 32k).
+    if (T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty_k(s), phase);
+    if (!T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty(s), phase);
     load_k(m, w, sm, j);
+    if (T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty(s), phase);
     load_v(m, w, sm, j);
   }
 }
@@ -1084,6 +1103,7 @@ __device__ __forceinline__ void key_loop_double_p(const SageParams& pk, const Wo
   const auto none = [] {};  // no turns between the warpgroups
   first_qk<T>(sm, db, s, none);
   wgmma_wait<0>();
+  if (lane == 0) mbar_arrive(sm.empty_k(0));
   reg_fence(s);
   softmax_any_tile<T>(pk, c, s, 0, wg_row0, ks, alpha, f, c.pa);
   // Step j: Q.K^T(j) and P.V(j - 1) (P in `prev`), the softmax of j into `cur`.
@@ -1116,6 +1136,7 @@ __device__ __forceinline__ void key_loop_double_p(const SageParams& pk, const Wo
     load_k_scales<T>(pk, key0, ks);
     wgmma_wait<1>();  // Q.K^T of tile j done; P.V of tile j - 1 still running
     reg_fence(s);
+    if (lane == 0) mbar_arrive(sm.empty_k(st));
     softmax_any_tile<T>(pk, c, s, key0, wg_row0, ks, alpha, f, cur);
     wgmma_wait<0>();
     // prev stays live to here: its registers must not take the softmax's values while the
@@ -1329,6 +1350,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       mbar_init(sm.full_k(s), 1);
       mbar_init(sm.full_v(s), 1);
       mbar_init(sm.empty(s), T::kConsumerWarps);
+      if (T::kDoubleP) mbar_init(sm.empty_k(s), T::kConsumerWarps);
       *sm.released(s, 0) = *sm.released(s, 1) = 0;
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
