@@ -313,8 +313,9 @@ constexpr int kOverlap192OHomeTiles = 10;
 // Measured slower on top of it: the warpgroups taking turns at the wgmma issues (named
 // barriers, FlashAttention-3's scheduler barrier: 760 / 812 at S 16k / 32k), V copied a tile
 // behind K (level), and the kernel persistent (one CTA per SM over the items, the producer
-// copying the next item's Q and K/V during the epilogue: 742 / 793 at S 16k / 32k, 564 causal
-// from a static share of the items; docs/perf/2026-12-07-overlap192-persistent.patch).
+// copying the next item's Q and K/V during the epilogue: 742 / 793 at S 16k / 32k, and 741 /
+// 790 with its spills gone and the items handed out dynamically; two patches in docs/perf):
+// what a CTA pays alone is its consumers' own work at its ends, not the copies' latency.
 template <int kDp>
 struct KernelTraitsOf<kDp, false, kScheduleOverlap192> {
   using type = Traits<kDp, kDp == 128 ? 2 : 4, false, false, 2, kOverlap192OHomeTiles, false, 192>;
