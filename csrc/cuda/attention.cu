@@ -599,8 +599,7 @@ __device__ void produce(const Maps& m, const Work& w, const Smem<T>& sm) {
     // both and two stages, each step waited for its K copy (H100, B1 H24 S 8192, Nsight
     // Compute: 1.69 -> 0.74 long-scoreboard stalls per issued instruction, issue slots busy
     // 34.6 -> 44.6 %; sage_core 637 -> 804 TFLOPS at S 16k, 638 -> 850 at 32k).
-    if (T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty_k(s), phase);
-    if (!T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty(s), phase);
+    if (j >= T::kStages) mbar_wait(T::kDoubleP ? sm.empty_k(s) : sm.empty(s), phase);
     load_k(m, w, sm, j);
     if (T::kDoubleP && j >= T::kStages) mbar_wait(sm.empty(s), phase);
     load_v(m, w, sm, j);
@@ -725,8 +724,8 @@ __device__ __forceinline__ float tree_max(const float* v) {
 }
 
 // Scores of one tile -> P fragments (into pa with Traits::kPackInSoftmax, else left in f);
-// returns alpha for the two rows. `masked`: apply the
-// key/causal masks (only tiles that reach past kv_len or the diagonal need it).
+// returns alpha for the two rows. `masked`: apply the key/causal masks (only tiles that reach
+// past kv_len or the diagonal need it).
 //
 // Unmasked tiles (nearly all) take the row maximum on the integer scores of each 32-key
 // scale block and scale only those 4 maxima: the scales are >= 0 (or NaN, which fmaxf drops
