@@ -1356,6 +1356,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
+  // Launched after prior work in the stream (programmatic dependent launch: prepare's v_quant
+  // lets its dependents start): nothing global is read or written before that work is done.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   if constexpr (T::kSerial) {  // no producer: thread 0 issues the first copies itself
     if (tid == 0) {
       load_q(maps, w, sm);
@@ -1486,9 +1489,21 @@ int launch(const SageParams& p, cudaStream_t stream) {
   sage::sm90::Maps maps;
   if (encode_maps<T>(p, &maps)) return 1;
   const unsigned q_tiles = unsigned((p.out_rows + T::kBlockM - 1) / T::kBlockM);
-  kernel<<<dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch)), T::kThreads, T::kSmemBytes,
-           stream>>>(p, maps);
-  const cudaError_t e = cudaGetLastError();
+  // Programmatic dependent launch: the CTAs may start (barriers set up) while the kernel before
+  // in the stream finishes, if it allows it (prepare's v_quant); the kernel waits for it before
+  // any global access (griddepcontrol.wait).
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch));
+  cfg.blockDim = dim3(T::kThreads);
+  cfg.dynamicSmemBytes = T::kSmemBytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, maps);
+  if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess)
     return sage::set_error("sage_attention_launch: launch failed: %s", cudaGetErrorString(e));
   return 0;

@@ -739,6 +739,8 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
                          ? sage_gload<u32x4>(v, 2 * (int64_t(s) * p.v_stride_s + T::kChunk * c))
                          : u32x4{0, 0, 0, 0};
     }
+  // v_amax_part is v_scale's (through qk: sage_launch_after_prior); V is the caller's.
+  sage_wait_for_prior_grid();
   // The head's channel scales while the loads are in flight: thread d folds channel d's
   // partial maxima (the same maximum as one pass over the keys: nan_max is order-free).
   if (tid < T::kHeadDim) {  // whole waves
@@ -873,27 +875,39 @@ SAGE_DEVICE void v_quant_body(const SageParams& p) {
 #define SAGE_PREPARE_KERNELS(TRAITS, SUFFIX)                                              \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_v_scale##SUFFIX##kernel, TRAITS::kVsThreads,         \
                         TRAITS::kVsNvBlocks)(SageParams p) {                              \
+    sage_dependents_may_start();                                                          \
     v_scale_body<TRAITS, false>(p);                                                       \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_scale_smooth##SUFFIX##kernel, TRAITS::kVsThreads)            \
-  (SageParams p) { v_scale_body<TRAITS, true>(p); }                                       \
+  (SageParams p) {                                                                        \
+    sage_dependents_may_start();                                                          \
+    v_scale_body<TRAITS, true>(p);                                                        \
+  }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk##SUFFIX##kernel, TRAITS::kQkThreads,              \
                         TRAITS::kQkFusedNvBlocks)(SageParams p) {                         \
+    sage_wait_for_prior_grid(); /* k_mean */                                              \
+    sage_dependents_may_start();                                                          \
     qk_body<TRAITS, QkBuild::kFused>(p);                                                  \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_smooth##SUFFIX##kernel, TRAITS::kQkThreads,       \
                         TRAITS::kQkSmoothNvBlocks)(SageParams p) {                        \
+    sage_wait_for_prior_grid(); /* k_mean */                                              \
+    sage_dependents_may_start();                                                          \
     qk_body<TRAITS, QkBuild::kSmooth>(p);                                                 \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_qk_plain##SUFFIX##kernel, TRAITS::kQkThreads,        \
                         TRAITS::kQkNvBlocks)(SageParams p) {                              \
+    sage_dependents_may_start();                                                          \
     qk_body<TRAITS, QkBuild::kPlain>(p);                                                  \
+    sage_wait_for_prior_grid(); /* done only once v_scale is: v_quant waits for this */   \
   }                                                                                       \
   SAGE_KERNEL_NV_BLOCKS(sage_prepare_v_quant##SUFFIX##kernel, TRAITS::kVqThreads,         \
                         TRAITS::kVqNvBlocks)(SageParams p) {                              \
+    sage_dependents_may_start();                                                          \
     v_quant_body<TRAITS, false>(p);                                                       \
   }                                                                                       \
   SAGE_KERNEL(sage_prepare_v_quant16##SUFFIX##kernel, TRAITS::kVqThreads)(SageParams p) { \
+    sage_dependents_may_start();                                                          \
     v_quant_body<TRAITS, true>(p);                                                        \
   }
 
@@ -979,11 +993,11 @@ int launch_prepare(const SageParams& p, void* stream, const PrepareKernels<K>& k
   const K qk_kernel = build == sage::gfx12::QkBuild::kFused    ? k.qk
                       : build == sage::gfx12::QkBuild::kSmooth ? k.qk_smooth
                                                                : k.qk_plain;
-  rc = sage_launch(qk_kernel, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
+  rc = sage_launch_after_prior(qk_kernel, sage_dim3{qk_blocks, Hq, B}, T::kQkThreads, stream, p);
   if (rc) return check_launch(rc, "qk");
   const unsigned tiles = unsigned((p.kv_len_pad + sage::gfx12::kVtKeys - 1) / sage::gfx12::kVtKeys);
-  rc = sage_launch(p.pv_dtype == SAGE_PV_FP16 ? k.v_quant16 : k.v_quant, sage_dim3{tiles, Hkv, B},
-                   T::kVqThreads, stream, p);
+  rc = sage_launch_after_prior(p.pv_dtype == SAGE_PV_FP16 ? k.v_quant16 : k.v_quant,
+                               sage_dim3{tiles, Hkv, B}, T::kVqThreads, stream, p);
   return rc ? check_launch(rc, "v_quant") : 0;
 }
 }  // namespace

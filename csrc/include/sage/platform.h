@@ -182,6 +182,30 @@ inline int sage_launch(void (*kernel)(KArgs...), sage_dim3 grid, unsigned thread
   return static_cast<int>(cudaGetLastError());
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched with sage_launch_after_prior may be
+// scheduled once every block of the kernel before it in the stream has called
+// sage_dependents_may_start (or exited), and must call sage_wait_for_prior_grid before it reads
+// what that kernel writes (the wait returns once it has completed, its writes visible).
+#define SAGE_HAS_PDL 1
+SAGE_DEVICE void sage_dependents_may_start() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+SAGE_DEVICE void sage_wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+template <class... KArgs, class... Args>
+inline int sage_launch_after_prior(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads,
+                                   void* stream, Args... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid.x, grid.y, grid.z);
+  cfg.blockDim = dim3(threads);
+  cfg.stream = static_cast<cudaStream_t>(stream);
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+}
+
 #elif defined(__HIP__)
 #if !defined(SAGE_HIPRTC)
 #include <hip/hip_runtime.h>
@@ -326,6 +350,15 @@ SAGE_DEVICE void sage_gstore(void* p, int64_t byte_offset, T v) {
 
 #ifndef SAGE_K_MEAN_ROWS_IN_FLIGHT  // gfx12 and the emulator: see prepare.hip's PrepTraits
 #define SAGE_K_MEAN_ROWS_IN_FLIGHT 2
+#endif
+
+// Elsewhere the launch is a plain one and the dependency calls do nothing (stream order).
+#if !defined(SAGE_HAS_PDL) && defined(SAGE_DEVICE)
+SAGE_DEVICE void sage_dependents_may_start() {}
+SAGE_DEVICE void sage_wait_for_prior_grid() {}
+#endif
+#ifndef SAGE_HAS_PDL
+#define sage_launch_after_prior sage_launch
 #endif
 
 #ifndef SAGE_KERNEL_NV_BLOCKS
