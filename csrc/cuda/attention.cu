@@ -1358,7 +1358,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   __syncthreads();
   // Launched after prior work in the stream (programmatic dependent launch: prepare's v_quant
   // lets its dependents start): nothing global is read or written before that work is done.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  sage_wait_for_prior_grid();
   if constexpr (T::kSerial) {  // no producer: thread 0 issues the first copies itself
     if (tid == 0) {
       load_q(maps, w, sm);
@@ -1491,21 +1491,13 @@ int launch(const SageParams& p, cudaStream_t stream) {
   const unsigned q_tiles = unsigned((p.out_rows + T::kBlockM - 1) / T::kBlockM);
   // Programmatic dependent launch: the CTAs may start (barriers set up) while the kernel before
   // in the stream finishes, if it allows it (prepare's v_quant); the kernel waits for it before
-  // any global access (griddepcontrol.wait).
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(q_tiles, unsigned(p.heads_q), unsigned(p.batch));
-  cfg.blockDim = dim3(T::kThreads);
-  cfg.dynamicSmemBytes = T::kSmemBytes;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, p, maps);
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess)
-    return sage::set_error("sage_attention_launch: launch failed: %s", cudaGetErrorString(e));
+  // any global access (sage_wait_for_prior_grid).
+  const int rc = sage_launch_after_prior_smem(
+      kernel, sage_dim3{q_tiles, unsigned(p.heads_q), unsigned(p.batch)}, T::kThreads,
+      T::kSmemBytes, stream, p, maps);
+  if (rc)
+    return sage::set_error("sage_attention_launch: launch failed: %s",
+                           cudaGetErrorString(static_cast<cudaError_t>(rc)));
   return 0;
 }
 

@@ -191,19 +191,27 @@ SAGE_DEVICE void sage_dependents_may_start() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 SAGE_DEVICE void sage_wait_for_prior_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// With `smem_bytes` of dynamic shared memory (the cuda attention kernel); a cudaError_t.
 template <class... KArgs, class... Args>
-inline int sage_launch_after_prior(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads,
-                                   void* stream, Args... args) {
+inline int sage_launch_after_prior_smem(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads,
+                                        unsigned smem_bytes, void* stream, Args... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid.x, grid.y, grid.z);
   cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem_bytes;
   cfg.stream = static_cast<cudaStream_t>(stream);
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...));
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+  return static_cast<int>(e != cudaSuccess ? e : cudaGetLastError());
+}
+template <class... KArgs, class... Args>
+inline int sage_launch_after_prior(void (*kernel)(KArgs...), sage_dim3 grid, unsigned threads,
+                                   void* stream, Args... args) {
+  return sage_launch_after_prior_smem(kernel, grid, threads, 0, stream, args...);
 }
 
 #elif defined(__HIP__)
