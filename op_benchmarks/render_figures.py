@@ -6,7 +6,8 @@ One figure per backend, each a speed panel and an accuracy-versus-length panel:
   cpu     op_benchmarks/results/cpu_main_job.csv (the main job's two runs on a 2-core Zen 3,
           avx2 tier) and the cpu rows of op_benchmarks/results/accuracy_vs_seqlen.csv
   cuda    op_benchmarks/nvidia/hopper_side_by_side.csv (one Hopper GPU, named in its gpu
-          column: run_h200.sh's side-by-side with SageAttention2 and cuDNN)
+          column: run_h200.sh's side-by-side with SageAttention2 and cuDNN; with --sweeps N,
+          the median of the sweeps)
   gfx12   a PREDICTION: the calibrated model's TFLOPS (aiter_sage/perf_model.py, what
           `python3 -m aiter_sage.isa --arch gfx1201 --model r9700 --shape B,H,S,D
           --queries-per-group 128` prints) for each S, with its held-out error as the band
@@ -120,22 +121,28 @@ def render_cuda(plt) -> None:
     """The side-by-side run (op_benchmarks/nvidia/side_by_side.py): TFLOPS per shape of our
     full call and kernel, SageAttention2 (the faster of its smooth_k settings) and cuDNN, and
     rel L2 of ours and SageAttention2's (randn, then the DiT-like rows with smooth_k)."""
+    sys.path.insert(0, str(REPO / "op_benchmarks" / "nvidia"))
+    from side_by_side import merge_sweeps
+
     rows = _rows(SIDE_BY_SIDE_CSV)
     gpus = {r.get("gpu") for r in rows}
     if len(gpus) != 1 or None in gpus:
         raise SystemExit(f"{SIDE_BY_SIDE_CSV}: expected one run on one card, gpu column {gpus}")
     (gpu,) = gpus
-    by = {}
+    sweeps = len({r.get("sweep") for r in rows if r.get("sweep")}) or 1
+    # side_by_side.py --sweeps N writes N rows per shape and provider: the figure shows their
+    # median, as the README's table does.
     for r in rows:
-        if r["provider"] in by.get(r["shape"], {}):  # side_by_side.py --sweeps N > 1
-            raise SystemExit(f"{SIDE_BY_SIDE_CSV}: {r['shape']} / {r['provider']} twice: one sweep")
+        r["tflops"], r["rel_l2"] = float(r["tflops"]), float(r["rel_l2"])
+    by = {}
+    for r in merge_sweeps(rows):
         by.setdefault(r["shape"], {})[r["provider"]] = r
     speed_shapes = [sh for sh, prov in by.items() if "sdpa_cudnn" in prov]
     fig, (speed, acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 2]})
 
     def sage2_best(prov):
-        return min((prov[n] for n in ("sage2", "sage2_nosmooth") if n in prov),
-                   key=lambda r: float(r["ms"]), default=None)  # fmt: skip
+        return max((prov[n] for n in ("sage2", "sage2_nosmooth") if n in prov),
+                   key=lambda r: r["tflops"], default=None)  # fmt: skip
 
     series = (
         ("sage (with prepare)", lambda p: p.get("sage")),
@@ -151,7 +158,8 @@ def render_cuda(plt) -> None:
     speed.set_xticks(range(len(speed_shapes)), [sh.replace(": ", "\n") for sh in speed_shapes],
                      fontsize=6, rotation=30, ha="right")  # fmt: skip
     speed.set_ylabel("TFLOPS (higher is better)")
-    speed.set_title(f"cuda backend on one {gpu}, side by side in one run")
+    median = f", median of {sweeps} sweeps" if sweeps > 1 else ""
+    speed.set_title(f"cuda backend on one {gpu}, side by side in one run{median}", fontsize=10)
     speed.grid(True, axis="y", alpha=0.3)
     speed.set_ylim(0, 1050)
     speed.legend(fontsize=7, loc="upper left", ncol=4)
@@ -165,7 +173,7 @@ def render_cuda(plt) -> None:
     acc.set_xticks(range(len(acc_shapes)), [sh.replace(": ", "\n") for sh in acc_shapes],
                    fontsize=6, rotation=30, ha="right")  # fmt: skip
     acc.set_ylabel("relative L2 vs FP32 attention")
-    acc.set_title("accuracy on the same inputs (DiT-like: smooth_k on both)")
+    acc.set_title("accuracy on the same inputs (DiT-like: smooth_k on both)", fontsize=10)
     acc.grid(True, axis="y", alpha=0.3)
     acc.legend(fontsize=7)
     fig.tight_layout()
