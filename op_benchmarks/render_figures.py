@@ -131,9 +131,14 @@ def render_cuda(plt) -> None:
     (gpu,) = gpus
     sweeps = len({r.get("sweep") for r in rows if r.get("sweep")}) or 1
     # side_by_side.py --sweeps N writes N rows per shape and provider: the figure shows their
-    # median, as the README's table does.
+    # median, as the README's table does. merge_sweeps takes medians of these fields: numbers,
+    # not the CSV's text (a row without a speedup has an empty cell).
     for r in rows:
-        r["tflops"], r["rel_l2"] = float(r["tflops"]), float(r["rel_l2"])
+        for key in ("tflops", "rel_l2", "speedup_vs_sage2"):
+            if r.get(key):
+                r[key] = float(r[key])
+            else:
+                r.pop(key, None)
     by = {}
     for r in merge_sweeps(rows):
         by.setdefault(r["shape"], {})[r["provider"]] = r
@@ -153,7 +158,7 @@ def render_cuda(plt) -> None:
     width = 0.2
     for i, (label, pick) in enumerate(series):
         xs = [j + (i - 1.5) * width for j in range(len(speed_shapes))]
-        ys = [float(pick(by[sh])["tflops"]) if pick(by[sh]) else 0.0 for sh in speed_shapes]
+        ys = [pick(by[sh])["tflops"] if pick(by[sh]) else 0.0 for sh in speed_shapes]
         speed.bar(xs, ys, width, label=label, color=f"C{i}")
     speed.set_xticks(range(len(speed_shapes)), [sh.replace(": ", "\n") for sh in speed_shapes],
                      fontsize=6, rotation=30, ha="right")  # fmt: skip
@@ -168,7 +173,7 @@ def render_cuda(plt) -> None:
         (("sage", lambda p: p.get("sage")), ("SageAttention2", sage2_best))
     ):
         xs = [j + (i - 0.5) * 0.35 for j in range(len(acc_shapes))]
-        ys = [float(pick(by[sh])["rel_l2"]) if pick(by[sh]) else 0.0 for sh in acc_shapes]
+        ys = [pick(by[sh])["rel_l2"] if pick(by[sh]) else 0.0 for sh in acc_shapes]
         acc.bar(xs, ys, 0.35, label=label, color=f"C{i * 2}")
     acc.set_xticks(range(len(acc_shapes)), [sh.replace(": ", "\n") for sh in acc_shapes],
                    fontsize=6, rotation=30, ha="right")  # fmt: skip
