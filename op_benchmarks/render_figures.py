@@ -122,23 +122,16 @@ def render_cuda(plt) -> None:
     full call and kernel, SageAttention2 (the faster of its smooth_k settings) and cuDNN, and
     rel L2 of ours and SageAttention2's (randn, then the DiT-like rows with smooth_k)."""
     sys.path.insert(0, str(REPO / "op_benchmarks" / "nvidia"))
-    from side_by_side import merge_sweeps
+    from side_by_side import merge_sweeps, read_rows
 
-    rows = _rows(SIDE_BY_SIDE_CSV)
+    rows = read_rows(SIDE_BY_SIDE_CSV)
     gpus = {r.get("gpu") for r in rows}
     if len(gpus) != 1 or None in gpus:
         raise SystemExit(f"{SIDE_BY_SIDE_CSV}: expected one run on one card, gpu column {gpus}")
     (gpu,) = gpus
     sweeps = len({r.get("sweep") for r in rows if r.get("sweep")}) or 1
     # side_by_side.py --sweeps N writes N rows per shape and provider: the figure shows their
-    # median, as the README's table does. merge_sweeps takes medians of these fields: numbers,
-    # not the CSV's text (a row without a speedup has an empty cell).
-    for r in rows:
-        for key in ("tflops", "rel_l2", "speedup_vs_sage2"):
-            if r.get(key):
-                r[key] = float(r[key])
-            else:
-                r.pop(key, None)
+    # median, as the README's table does.
     by = {}
     for r in merge_sweeps(rows):
         by.setdefault(r["shape"], {})[r["provider"]] = r

@@ -79,6 +79,32 @@ def parse_bench(b, h, s, d, causal, providers, dit, rounds, q_scale_rows=32, tim
     return bench.parse_args(argv)
 
 
+MEDIAN_FIELDS = ("tflops", "rel_l2")  # merge_sweeps' medians, beside speedup_vs_sage2
+
+
+def write_rows(path, rows):
+    """The CSV of a run: every sweep's rows, the union of their columns (a column a row lacks,
+    such as speedup_vs_sage2 of a provider that is not our full call, an empty cell)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def read_rows(path):
+    """write_rows' CSV as merge_sweeps takes it: the fields it takes medians of as numbers,
+    their empty cells dropped (the other columns stay text)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in (*MEDIAN_FIELDS, "speedup_vs_sage2"):
+            if r.get(key):
+                r[key] = float(r[key])
+            else:
+                r.pop(key, None)
+    return rows
+
+
 def merge_sweeps(rows):
     """One row per (shape, provider) from the rows of several sweeps: TFLOPS and rel L2 their
     median, `speedups_vs_sage2` the full call's speedup of each sweep (speedup_vs_sage2 their
@@ -89,7 +115,7 @@ def merge_sweeps(rows):
     out = []
     for rs in groups.values():
         m = dict(rs[0])
-        for key in ("tflops", "rel_l2"):
+        for key in MEDIAN_FIELDS:
             if all(key in r for r in rs):
                 m[key] = statistics.median(r[key] for r in rs)
         speedups = [r["speedup_vs_sage2"] for r in rs if "speedup_vs_sage2" in r]
@@ -192,11 +218,7 @@ def main(argv=None):
         )
         print(table(dit, DIT_PROVIDERS, lambda r: f"{r['rel_l2']:.4f} ({r['tflops']:.0f})"))
     if a.output:
-        rows = speed + dit
-        with open(a.output, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(c for r in rows for c in r)))
-            w.writeheader()
-            w.writerows(rows)
+        write_rows(a.output, speed + dit)
     ours = [r for r in speed + dit if r["provider"] in ("sage", "sage_core")]
     return 0 if all(r.get("in_band", True) for r in ours) else 1
 

@@ -383,3 +383,30 @@ def test_side_by_side_sweeps_report_the_median_and_the_spread():
     assert "| D64 | 520 | 512 |" in text
     with pytest.raises(SystemExit):  # a --shapes filter that picks nothing is an error, not a no-op
         sbs.main(["--shapes", "no such shape"])
+
+
+def test_side_by_side_csv_merges_like_the_rows_it_was_written_from(tmp_path):
+    """render_figures.py reads side_by_side.py's CSV back (read_rows) and merges its sweeps: the
+    medians from the file equal those from the rows in memory, also over an even number of
+    sweeps (a median of two cells of text cannot be taken) and for a provider whose rows have no
+    speedup (empty cells in the file)."""
+    sys.path.insert(0, str(REPO / "op_benchmarks" / "nvidia"))
+    import side_by_side as sbs
+
+    rows = []
+    for sweep, (ours, sa2, speedup) in enumerate(((500.5, 510.0, 0.98), (531.0, 515.25, 1.03))):
+        common = {"shape": "D64", "gpu": "card", "sweep": sweep}
+        rows.append(
+            {**common, "provider": "sage", "tflops": ours, "rel_l2": 0.0391,
+             "speedup_vs_sage2": speedup}
+        )  # fmt: skip
+        rows.append({**common, "provider": "sage2", "tflops": sa2, "rel_l2": 0.0386})
+    path = tmp_path / "side_by_side.csv"
+    sbs.write_rows(path, rows)
+    from_file = {r["provider"]: r for r in sbs.merge_sweeps(sbs.read_rows(path))}
+    in_memory = {r["provider"]: r for r in sbs.merge_sweeps(rows)}
+    for provider, want in in_memory.items():
+        got = from_file[provider]
+        for key in ("tflops", "rel_l2", "speedup_vs_sage2", "speedups_vs_sage2"):
+            assert got.get(key) == want.get(key), (provider, key, got.get(key), want.get(key))
+    assert from_file["sage"]["tflops"] == 515.75 and "speedup_vs_sage2" not in from_file["sage2"]
