@@ -1,6 +1,7 @@
 """Long rows and accuracy guardrails (issue 13): the FP16 P·V mode (pv_dtype="fp16"), the
 non-finite input rules of ref.py ("Non-finite input") on every backend and cpu tier, large V,
-and the AITER_SAGE_CHECK=1 debug check. Small shapes: the emu backend is slow.
+inputs past 2**31 elements (cpu and cuda), and the AITER_SAGE_CHECK=1 debug check. Small
+shapes elsewhere: the emu backend is slow.
 
 The tests build CPU tensors; a GPU target gets them moved to its device (and its results
 back). The cuda target is always listed and skips, as absent hardware, without an sm_90 GPU."""
@@ -320,6 +321,57 @@ def test_fwd_saturates_to_a_narrower_output_dtype(target):
     assert out.dtype == torch.float16
     assert out[..., :64].abs().eq(65504).all()  # the constant +-2^17 channels
     assert_finite_and_in_band(out, _sdpa64(q, k, v), v_max)
+
+
+# ---- inputs past 2**31 elements ------------------------------------------------------------
+# [B, 256, 8, 128] with B = 8192 + 8: entry b starts at element b * 2**18, so the BF16 inputs'
+# byte offsets pass 2**31 at entry 4096 and the element offsets (and the byte offsets of the
+# INT8 / FP8 prepared copies) at entry 8192. Index arithmetic in 32 bits would send those
+# entries' reads and writes elsewhere: before the tensor (signed) or onto entry 0 (unsigned).
+HUGE_B, HUGE_S, HUGE_H = 8192 + 8, 256, 8
+HUGE_ENTRIES = [0, 4095, 4096, 8191, 8192, HUGE_B - 1]
+HUGE_HOST_BYTES = 15 << 30  # the cpu case's K, V and their prepared copies: 13 GB at its peak
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cuda"])
+def test_inputs_past_2_31_elements(backend):
+    """Sampled entries on both sides of each 2**31 boundary hold randn data, every other entry
+    zeros (its exact output: zeros, whatever its quantization does with all-zero blocks); each
+    sampled entry and one zero entry against FP32 attention, the LSE too. K and V are past
+    2**31 elements on both backends; on the GPU Q and the output too (the cpu case keeps
+    Sq = 1, to fit 24 GB hosts)."""
+    if backend == "cuda":
+        _need_sm90()
+        dev, sq = "cuda", HUGE_S
+    else:
+        from aiter_sage.guards import host_free_bytes
+
+        free, source = host_free_bytes()
+        if free < HUGE_HOST_BYTES:
+            skip_no_hardware(
+                f"{HUGE_HOST_BYTES >> 30} GiB of free host memory ({source}: {free >> 30})"
+            )
+        dev, sq = "cpu", 1
+    q = torch.zeros((HUGE_B, sq, HUGE_H, 128), dtype=torch.bfloat16, device=dev)
+    k = torch.zeros((HUGE_B, HUGE_S, HUGE_H, 128), dtype=torch.bfloat16, device=dev)
+    v = torch.zeros_like(k)
+    assert k.numel() > 2**31 and (backend == "cpu" or q.numel() > 2**31)
+    sampled = {}
+    for i, b in enumerate(HUGE_ENTRIES):
+        sampled[b] = _inputs(1, sq, HUGE_S, HUGE_H, seed=100 + i)
+        for dst, src in zip((q, k, v), sampled[b]):
+            dst[b : b + 1] = src.to(dev)
+    out, lse = aiter_sage.gfx1201_sage_attention(q, k, v, return_lse=True, backend=backend)
+    del q, k, v
+    zero = HUGE_B - 2  # an all-zero entry: output 0, every score 0 so LSE = log(HUGE_S)
+    assert not out[zero].any()
+    assert torch.allclose(lse[zero].cpu(), torch.full((HUGE_H, sq), math.log(HUGE_S)), atol=1e-3)
+    for b, (qb, kb, vb) in sampled.items():
+        acc = ref.accuracy(out[b : b + 1].cpu().float(), ref.attention_fp32(qb, kb, vb))
+        assert ref.in_band(acc), (b, ref.band_failures(acc), acc)
+        torch.testing.assert_close(
+            lse[b : b + 1].cpu(), ref.lse_fp32(qb, kb), atol=1e-2, rtol=0, msg=f"entry {b}"
+        )
 
 
 # ---- non-finite input ----------------------------------------------------------------------
