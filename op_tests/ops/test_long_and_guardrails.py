@@ -349,7 +349,8 @@ def test_inputs_past_2_31_elements(backend):
         free, source = host_free_bytes()
         if free < HUGE_HOST_BYTES:
             skip_no_hardware(
-                f"{HUGE_HOST_BYTES >> 30} GiB of free host memory ({source}: {free >> 30})"
+                f"less than {HUGE_HOST_BYTES >> 30} GiB of free host memory "
+                f"({source}: {free >> 30} GiB)"
             )
         dev, sq = "cpu", 1
     q = torch.zeros((HUGE_B, sq, HUGE_H, 128), dtype=torch.bfloat16, device=dev)
